@@ -1,0 +1,29 @@
+"""django-delayq: a durable, transactional, delayed message queue in your Django database."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["Discard", "EnqueueResult", "Outcome", "Retry", "enqueue", "enqueue_many", "handler"]
+
+from django_delayq.exceptions import Discard, Retry
+
+if TYPE_CHECKING:
+    from django_delayq.producer import EnqueueResult, Outcome, enqueue, enqueue_many
+    from django_delayq.registry import handler
+
+
+def __getattr__(name: str) -> Any:
+    # The enqueue API and @handler touch the Message model, which may only be
+    # imported once apps are loaded; resolving them lazily keeps
+    # ``import django_delayq`` safe in settings and app configs.
+    if name in ("enqueue", "enqueue_many", "Outcome", "EnqueueResult"):
+        from django_delayq import producer as module
+
+        return getattr(module, name)
+    if name == "handler":
+        from django_delayq.registry import handler
+
+        return handler
+    raise AttributeError(f"module 'django_delayq' has no attribute {name!r}")

@@ -1,0 +1,196 @@
+"""Claiming and settling messages: every status change a worker makes.
+
+Each function here is one set-based statement (or one short transaction),
+so a worker can claim and settle whole batches in a round trip, and each
+settling statement is a compare-and-set on ``(id, lock_token)`` with
+``status = 'running'``: a worker whose lease expired, and whose message was
+claimed again by someone else, can no longer change it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connections, router, transaction
+from django.db.models import Case, DateTimeField, F, Q, QuerySet, Value, When
+from django.db.models.functions import Greatest
+
+from django_delayq import clock
+from django_delayq.models import Message
+
+CLAIM_ORDER = ("-priority", "next_attempt_time", "id")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A batch of messages claimed together; they share one lock token."""
+
+    token: uuid.UUID
+    messages: list[Message]
+
+
+def _db(using: str | None) -> str:
+    return using or router.db_for_write(Message)
+
+
+def _lease_expression(
+    leases: Mapping[tuple[str, str | None], timedelta], default: timedelta, now: datetime
+) -> Value | Case:
+    """``now + lease`` where the lease depends on the message's queue and kind."""
+    whens = []
+    # Kind-specific handlers must win over their queue's catch-all.
+    for (queue, kind), lease in sorted(leases.items(), key=lambda item: item[0][1] is None):
+        if lease == default:
+            continue
+        condition = Q(queue=queue) if kind is None else Q(queue=queue, kind=kind)
+        whens.append(When(condition, then=Value(now + lease)))
+    default_value = Value(now + default, output_field=DateTimeField())
+    if not whens:
+        return default_value
+    return Case(*whens, default=default_value, output_field=DateTimeField())
+
+
+def claim(
+    queues: Collection[str],
+    limit: int,
+    *,
+    worker: str,
+    lease: timedelta,
+    leases: Mapping[tuple[str, str | None], timedelta] | None = None,
+    using: str | None = None,
+) -> Claim:
+    """Claim up to ``limit`` due messages of ``queues``, highest priority first.
+
+    Due means pending with ``next_attempt_time <= now``, or running with an
+    expired lease (the redelivery of a crashed worker's message). Claimed
+    rows become ``running`` with a fresh token, one more attempt, and a lease
+    of ``now + lease``.
+    """
+    alias = _db(using)
+    now = clock.now()
+    token = uuid.uuid4()
+    due = Message.objects.using(alias).due(now).filter(queue__in=list(queues))
+    changes = {
+        "status": Message.Status.RUNNING,
+        "lock_token": token,
+        "locked_by": worker[:255],
+        "attempt_count": F("attempt_count") + 1,
+        "last_attempt_time": now,
+        "next_attempt_time": _lease_expression(leases or {}, lease, now),
+        "updated_at": now,
+    }
+    connection = connections[alias]
+    if connection.features.has_select_for_update_skip_locked:
+        # PostgreSQL, MySQL 8, MariaDB 10.6: lock the rows we pick and skip
+        # those other workers are picking, so claimers never wait on each
+        # other and never pick the same row.
+        with transaction.atomic(using=alias):
+            ids = list(
+                due.order_by(*CLAIM_ORDER)
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)[:limit]
+            )
+            if not ids:
+                return Claim(token, [])
+            Message.objects.using(alias).filter(id__in=ids).update(**changes)
+    else:
+        # SQLite has no row locks: one UPDATE picks and marks the rows, and
+        # SQLite runs one write statement at a time, so two workers still
+        # never claim the same row.
+        picked = due.order_by(*CLAIM_ORDER).values("id")[:limit]
+        if not Message.objects.using(alias).filter(id__in=picked).update(**changes):
+            return Claim(token, [])
+    messages = list(
+        Message.objects.using(alias).filter(lock_token=token, status="running").order_by(*CLAIM_ORDER)
+    )
+    return Claim(token, messages)
+
+
+def _held(ids: Iterable[int], token: uuid.UUID, using: str | None) -> QuerySet[Message]:
+    return Message.objects.using(_db(using)).filter(
+        id__in=list(ids), lock_token=token, status=Message.Status.RUNNING
+    )
+
+
+def ack(ids: Iterable[int], token: uuid.UUID, *, using: str | None = None) -> int:
+    """Mark messages succeeded; returns how many were still ours."""
+    now = clock.now()
+    return _held(ids, token, using).update(
+        status=Message.Status.SUCCEEDED,
+        next_attempt_time=None,
+        lock_token=None,
+        finished_at=now,
+        updated_at=now,
+    )
+
+
+def fail(
+    message_id: int,
+    token: uuid.UUID,
+    *,
+    error: str,
+    traceback: str = "",
+    retry_at: datetime | None,
+    using: str | None = None,
+) -> int:
+    """Record a failed attempt: reschedule at ``retry_at``, or give up if None."""
+    now = clock.now()
+    changes: dict[str, object] = {
+        "last_error": error,
+        "last_traceback": traceback,
+        "lock_token": None,
+        "updated_at": now,
+    }
+    if retry_at is None:
+        changes.update(status=Message.Status.FAILED, next_attempt_time=None, finished_at=now)
+    else:
+        changes.update(status=Message.Status.PENDING, next_attempt_time=retry_at)
+    return _held([message_id], token, using).update(**changes)
+
+
+def snooze(
+    message_id: int,
+    token: uuid.UUID,
+    *,
+    run_at: datetime,
+    max_attempts: int,
+    using: str | None = None,
+) -> int:
+    """Reschedule without spending an attempt (``Retry``): raise the cap by one."""
+    return _held([message_id], token, using).update(
+        status=Message.Status.PENDING,
+        next_attempt_time=run_at,
+        lock_token=None,
+        max_attempts=max_attempts,
+        updated_at=clock.now(),
+    )
+
+
+def release(
+    ids: Iterable[int], token: uuid.UUID, *, started: bool, using: str | None = None
+) -> int:
+    """Give messages back for immediate redelivery (shutdown).
+
+    Messages that were claimed but never started get their attempt back.
+    """
+    now = clock.now()
+    changes: dict[str, object] = {
+        "status": Message.Status.PENDING,
+        "next_attempt_time": now,
+        "lock_token": None,
+        "updated_at": now,
+    }
+    if not started:
+        changes["attempt_count"] = Greatest(F("attempt_count") - 1, Value(0))
+    return _held(ids, token, using).update(**changes)
+
+
+def extend(
+    ids: Iterable[int], token: uuid.UUID, lease: timedelta, *, using: str | None = None
+) -> int:
+    """Push the lease of messages still held; returns how many were still ours."""
+    now = clock.now()
+    return _held(ids, token, using).update(next_attempt_time=now + lease, updated_at=now)

@@ -1,0 +1,88 @@
+"""Settings: one ``DELAYQ`` dict laid over documented defaults.
+
+The merged view is cached because the worker reads it on every loop; a
+``setting_changed`` receiver (wired in ``apps.py``) drops the cache so
+``override_settings(DELAYQ=...)`` works in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # How long a claimed message stays invisible to other workers. The
+    # worker extends it while the handler runs, so this bounds how long a
+    # crashed worker's message waits before it is redelivered.
+    "LEASE": timedelta(seconds=60),
+    # Longest idle sleep between two claims (LISTEN/NOTIFY wakes earlier).
+    "POLL_INTERVAL": timedelta(seconds=5),
+    # Messages claimed per round trip.
+    "BATCH_SIZE": 10,
+    # Handler threads per worker process.
+    "CONCURRENCY": 1,
+    # Attempts before a message is marked failed (handler option overrides).
+    "MAX_ATTEMPTS": 5,
+    # Dotted path or instance of a retry policy (see ``retry.py``).
+    "RETRY_POLICY": "django_delayq.retry.ExponentialBackoff",
+    # Finished messages are kept this long, then pruned.
+    "RETENTION": timedelta(days=7),
+    # Rows deleted per pruning statement (bounded so a prune never holds
+    # long locks on a big table).
+    "PRUNE_BATCH_SIZE": 1000,
+    # How often a running worker prunes; None disables worker pruning.
+    "PRUNE_INTERVAL": timedelta(minutes=5),
+    # Largest accepted payload, in bytes of its JSON encoding.
+    "MAX_PAYLOAD_SIZE": 1024 * 1024,
+    # On SIGTERM/SIGINT, how long in-flight handlers may run before their
+    # messages are released for redelivery.
+    "SHUTDOWN_GRACE": timedelta(seconds=30),
+    # Send NOTIFY on enqueue and LISTEN in idle workers (PostgreSQL only).
+    "NOTIFY": True,
+    # Per-queue overrides of LEASE, MAX_ATTEMPTS, RETRY_POLICY, CONCURRENCY.
+    "QUEUES": {},
+}
+
+DURATION_SETTINGS = ("LEASE", "POLL_INTERVAL", "RETENTION", "SHUTDOWN_GRACE", "PRUNE_INTERVAL")
+
+
+def to_timedelta(value: timedelta | int | float) -> timedelta:
+    """Every duration accepts a ``timedelta`` or a number of seconds."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"expected a datetime.timedelta or a number of seconds, got {type(value).__name__}"
+        )
+    return timedelta(seconds=value)
+
+
+@functools.cache
+def get_config() -> dict[str, Any]:
+    """The user's ``DELAYQ`` laid over ``DEFAULTS``; durations normalised.
+
+    Invalid values are reported by the system checks (``checks.py``); here
+    they are left as given so that ``manage.py check`` can name them.
+    """
+    user = getattr(settings, "DELAYQ", {}) or {}
+    config = {**DEFAULTS, **user}
+    for name in DURATION_SETTINGS:
+        value = config[name]
+        if value is None:
+            continue
+        try:
+            config[name] = to_timedelta(value)
+        except TypeError:
+            pass
+    return config
+
+
+def clear_cache(**kwargs: Any) -> None:
+    if kwargs.get("setting") in (None, "DELAYQ"):
+        get_config.cache_clear()
+        from django_delayq import retry
+
+        retry.get_default_policy.cache_clear()

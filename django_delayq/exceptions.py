@@ -1,0 +1,53 @@
+"""What handlers raise to steer their message, and the library's own errors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class Retry(Exception):
+    """Raised by a handler to run the message again later ("snooze").
+
+    A snooze is not a failure: it records no error, and it does not use up one
+    of the message's attempts, so a handler waiting on something slow can keep
+    snoozing without being marked failed.
+    """
+
+    def __init__(self, delay: timedelta | int | float = 0, reason: str = "") -> None:
+        from django_delayq.conf import to_timedelta
+
+        self.delay = to_timedelta(delay)
+        if self.delay < timedelta(0):
+            raise ValueError("Retry delay must not be negative")
+        self.reason = reason
+        super().__init__(reason or f"retry in {self.delay}")
+
+
+class Discard(Exception):
+    """Raised by a handler to give up on a message at once, without retries.
+
+    The message is marked ``failed`` with the reason as its error, so it stays
+    visible (and retryable by an operator) instead of vanishing.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class DelayQError(Exception):
+    """Base class of the library's own errors."""
+
+
+class DuplicateMessage(DelayQError, ValueError):
+    """``on_conflict="error"`` met a key that is already in the queue."""
+
+    def __init__(self, queue: str, keys: list[str]) -> None:
+        self.queue = queue
+        self.keys = keys
+        shown = ", ".join(repr(k) for k in keys[:5]) + (" ..." if len(keys) > 5 else "")
+        super().__init__(f"queue {queue!r} already holds message(s) with key {shown}")
+
+
+class HandlerNotFound(DelayQError, LookupError):
+    """No handler is registered for a message's queue and kind."""

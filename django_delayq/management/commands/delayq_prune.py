@@ -1,0 +1,32 @@
+"""``manage.py delayq_prune``: delete finished messages past their retention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_delayq.retention import prune
+
+
+class Command(BaseCommand):
+    help = "Delete finished messages older than DELAYQ['RETENTION'] (or --older-than)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
+                            help="Override the retention, in seconds.")
+        parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
+        parser.add_argument("--batch-size", type=int, default=None)
+        parser.add_argument("--database", default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            deleted = prune(
+                older_than=options["older_than"],
+                batch_size=options["batch_size"],
+                queues=options["queues"],
+                using=options["database"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"deleted {deleted} finished message(s)")

@@ -1,0 +1,48 @@
+"""``manage.py delayq_status``: per-queue counts and lag."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_delayq.stats import queue_stats
+
+COLUMNS = ("queue", "due", "scheduled", "running", "retrying", "failed", "succeeded", "lag")
+
+
+def human(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    if seconds < 1:
+        return "0s"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+class Command(BaseCommand):
+    help = "Print per-queue message counts and the age of the oldest due message (lag)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
+        parser.add_argument("--database", default=None)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stats = queue_stats(options["queues"], using=options["database"])
+        rows = [
+            (s.queue, s.due, s.scheduled, s.running, s.retrying, s.failed, s.succeeded, human(s.lag))
+            for s in stats
+        ]
+        if not rows:
+            self.stdout.write("no messages")
+            return
+        table = [COLUMNS, *[tuple(str(c) for c in row) for row in rows]]
+        widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+        for n, row in enumerate(table):
+            self.stdout.write("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+            if n == 0:
+                self.stdout.write("  ".join("-" * w for w in widths))

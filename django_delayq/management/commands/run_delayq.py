@@ -1,0 +1,77 @@
+"""``manage.py run_delayq``: parse, validate, build a Worker, run it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_delayq.worker import Worker
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise CommandError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise CommandError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Consume due messages until SIGTERM/SIGINT (or, with --burst, until none is due)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue", "-q", action="append", dest="queues", metavar="QUEUE",
+            help="Queue to consume (repeatable). Default: every queue with a handler.",
+        )
+        parser.add_argument(
+            "--concurrency", "-c", type=positive_int, default=None,
+            help="Handler threads in this process (default: DELAYQ['CONCURRENCY']).",
+        )
+        parser.add_argument(
+            "--batch-size", "-b", type=positive_int, default=None,
+            help="Messages claimed per round trip (default: DELAYQ['BATCH_SIZE']).",
+        )
+        parser.add_argument(
+            "--burst", action="store_true",
+            help="Process everything due now, then exit 0.",
+        )
+        parser.add_argument("--database", default=None, help="Database alias (default: router).")
+        parser.add_argument("--name", default=None, help="Worker name stored in locked_by.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        try:
+            worker = Worker(
+                options["queues"],
+                concurrency=options["concurrency"],
+                batch_size=options["batch_size"],
+                burst=options["burst"],
+                using=options["database"],
+                name=options["name"],
+            )
+        except (ImproperlyConfigured, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if not options.get("skip_signals"):
+            worker.install_signal_handlers()
+        stats = worker.run()
+        if options["verbosity"] >= 1 and options["burst"]:
+            summary = ", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "nothing due"
+            self.stdout.write(f"run_delayq: {summary}")
+
+    @staticmethod
+    def _configure_logging(verbosity: int) -> None:
+        # Show the worker's own log lines when the project has not configured
+        # the django_delayq logger; never override a project's configuration.
+        logger = logging.getLogger("django_delayq")
+        if logger.handlers or logging.getLogger().handlers:
+            return
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 1 else logging.WARNING)

@@ -1,0 +1,143 @@
+"""The queue table.
+
+Every status change goes through ``claim.py`` (claim, ack, fail, retry,
+release) or the set-based verbs of ``MessageQuerySet``; nothing else writes
+the queue columns, so the indexes below are the ones every query relies on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from django_delayq import clock
+
+QUEUE_MAX_LENGTH = 100
+KEY_MAX_LENGTH = 255
+KIND_MAX_LENGTH = 100
+PRIORITY_MIN = -32768
+PRIORITY_MAX = 32767
+
+
+class MessageQuerySet(models.QuerySet["Message"]):
+    def active(self) -> MessageQuerySet:
+        """Messages that may still run: waiting, scheduled or leased."""
+        return self.filter(status__in=Message.ACTIVE_STATUSES)
+
+    def due(self, now: datetime | None = None) -> MessageQuerySet:
+        """Messages a worker may claim now.
+
+        A ``running`` row whose lease (``next_attempt_time``) has passed is
+        due again: that is how a crashed worker's message comes back.
+        """
+        return self.active().filter(next_attempt_time__lte=now or clock.now())
+
+    def finished(self) -> MessageQuerySet:
+        return self.filter(status__in=Message.FINISHED_STATUSES)
+
+    def in_queues(self, queues: list[str] | tuple[str, ...] | None) -> MessageQuerySet:
+        return self if not queues else self.filter(queue__in=list(queues))
+
+    def retrying(self) -> MessageQuerySet:
+        """Pending again after at least one failed attempt."""
+        return self.filter(status=Message.Status.PENDING, attempt_count__gt=0)
+
+
+class Message(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", _("pending")
+        RUNNING = "running", _("running")
+        SUCCEEDED = "succeeded", _("succeeded")
+        FAILED = "failed", _("failed")
+        CANCELLED = "cancelled", _("cancelled")
+
+    ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
+    FINISHED_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=QUEUE_MAX_LENGTH)
+    key = models.CharField(max_length=KEY_MAX_LENGTH)
+    kind = models.CharField(
+        max_length=KIND_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text=_("Type of the payload; selects the handler and validates decoding."),
+    )
+    payload = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))
+    next_attempt_time = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=_(
+            "When the message is due; the lease expiry while running; "
+            "empty once nothing more will happen."
+        ),
+    )
+    scheduled_time = models.DateTimeField(
+        help_text=_("When the message was first scheduled; a later start is a redelivery or retry.")
+    )
+    attempt_count = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Empty: the handler's or the setting's value.")
+    )
+    last_attempt_time = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    last_traceback = models.TextField(blank=True, default="")
+    lock_token = models.UUIDField(null=True, blank=True, editable=False)
+    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+    updated_at = models.DateTimeField(default=clock.now, editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "key"], name="delayq_message_queue_key"),
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN) & Q(priority__lte=PRIORITY_MAX),
+                name="delayq_message_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "running", "succeeded", "failed", "cancelled"]),
+                name="delayq_message_status_valid",
+            ),
+        ]
+        indexes = [
+            # The claim: due rows of some queues, highest priority first.
+            # Partial, so finished rows (the bulk of a busy table) cost nothing.
+            models.Index(
+                fields=["queue", "-priority", "next_attempt_time"],
+                name="delayq_claim_idx",
+                condition=Q(status__in=["pending", "running"]),
+            ),
+            # The idle worker's "when is the next message due?" and lag.
+            models.Index(
+                fields=["queue", "next_attempt_time"],
+                name="delayq_due_idx",
+                condition=Q(status__in=["pending", "running"]),
+            ),
+            # Pruning and the admin's finished views.
+            models.Index(fields=["status", "finished_at"], name="delayq_finished_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.key} ({self.status})"
+
+    @property
+    def is_redelivery(self) -> bool:
+        """True once the message has been started more than once."""
+        return self.attempt_count > 1
+
+    def error_summary(self) -> str:
+        return self.last_error.splitlines()[0] if self.last_error else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.attname) for f in self._meta.concrete_fields}

@@ -1,0 +1,449 @@
+"""Producing messages: validation, ``on_conflict`` outcomes, batched upserts, wake-up.
+
+Everything is written through the caller's connection and transaction, so a
+message enqueued inside ``transaction.atomic()`` exists exactly when the
+business data that caused it does. Validation happens before the first
+statement: a bad argument raises and writes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from django.conf import settings
+from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from django_delayq import clock
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.exceptions import DuplicateMessage
+from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
+from django_delayq.payload import check_payload
+from django_delayq.registry import validate_kind, validate_queue_name
+
+OnConflict = Literal["ignore", "update", "error"]
+ON_CONFLICT_CHOICES = ("ignore", "update", "error")
+NOTIFY_CHANNEL = "django_delayq"
+
+# Rows per INSERT statement: 16 columns x 2,000 rows stays under both
+# PostgreSQL's 65,535 and SQLite's 32,766 bound parameters.
+CHUNK_SIZE = 2000
+
+
+class Outcome(enum.StrEnum):
+    """What an enqueue did (seed 002's offer outcomes)."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    IGNORED = "ignored"
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    outcome: Outcome
+    message: Message
+
+
+# -- validation ---------------------------------------------------------------
+
+
+def _check_key(key: object, where: str = "") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{where}key must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError(f"{where}key must not be empty (pass None for a generated key)")
+    if len(key) > KEY_MAX_LENGTH:
+        raise ValueError(f"{where}key is {len(key)} characters, over {KEY_MAX_LENGTH}")
+    if "\x00" in key:
+        raise ValueError(f"{where}key contains a NUL character (\\x00)")
+    return key
+
+
+def resolve_run_at(
+    run_at: datetime | None, delay: timedelta | int | float | None, now: datetime
+) -> datetime:
+    """The due time from ``run_at`` or ``delay`` (at most one of them)."""
+    if run_at is not None and delay is not None:
+        raise ValueError("pass either run_at or delay, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        if settings.USE_TZ and timezone.is_naive(run_at):
+            raise ValueError(
+                "run_at is a naive datetime while USE_TZ is True; pass an aware datetime "
+                "(e.g. django.utils.timezone.now() + timedelta(...))"
+            )
+        return run_at
+    if delay is not None:
+        delta = to_timedelta(delay)
+        if delta < timedelta(0):
+            raise ValueError(f"delay must not be negative, got {delay!r}")
+        return now + delta
+    return now
+
+
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(f"priority {priority} is out of range [{PRIORITY_MIN}, {PRIORITY_MAX}]")
+    return priority
+
+
+def _check_max_attempts(max_attempts: object) -> int | None:
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(f"max_attempts must be a positive integer or None, got {max_attempts!r}")
+    return max_attempts
+
+
+def _check_on_conflict(on_conflict: object) -> str:
+    if on_conflict not in ON_CONFLICT_CHOICES:
+        raise ValueError(
+            f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}; got {on_conflict!r}"
+        )
+    return str(on_conflict)
+
+
+# -- public API ---------------------------------------------------------------
+
+
+def enqueue(
+    queue: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> EnqueueResult:
+    """Put one message on ``queue``, due at ``run_at`` / after ``delay`` / now.
+
+    ``key`` de-duplicates within the queue: an existing key is left alone
+    (``ignore``), replaced (``update``: a pending message gets the new payload
+    and schedule, a finished one is delivered again), or refused (``error``,
+    raising :class:`DuplicateMessage`).
+    """
+    return enqueue_many(
+        queue,
+        [payload],
+        keys=None if key is None else [key],
+        kind=kind,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        on_conflict=on_conflict,
+        using=using,
+    )[0]
+
+
+def enqueue_many(
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str] | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> list[EnqueueResult]:
+    """Enqueue many messages in a few statements; one result per payload, in order.
+
+    ``keys=None`` gives each message a fresh unique key. Repeated keys within
+    one call count as conflicts with the first occurrence (``update`` keeps
+    the last payload). The whole call is one transaction (or part of the
+    caller's): either every message is written or none is.
+    """
+    validate_queue_name(queue)
+    validate_kind(kind)
+    payloads = list(payloads)
+    if keys is None:
+        key_list = [uuid.uuid4().hex for _ in payloads]
+    else:
+        if isinstance(keys, str):
+            raise TypeError("keys must be a sequence of str, not a single str")
+        key_list = list(keys)
+        if len(key_list) != len(payloads):
+            raise ValueError(f"got {len(payloads)} payloads but {len(key_list)} keys")
+    many = len(payloads) > 1
+    for i, (k, p) in enumerate(zip(key_list, payloads, strict=True)):
+        where = f"message {i}: " if many else ""
+        _check_key(k, where)
+        check_payload(p, where)
+    _check_priority(priority)
+    max_attempts = _check_max_attempts(max_attempts)
+    _check_on_conflict(on_conflict)
+    now = clock.now()
+    due = resolve_run_at(run_at, delay, now)
+    if not payloads:
+        return []
+
+    # Repeated keys in one call: the database may only touch a row once per
+    # statement, so collapse them here and report the repeats as conflicts.
+    first_index: dict[str, int] = {}
+    for i, k in enumerate(key_list):
+        if k in first_index:
+            if on_conflict == "error":
+                raise DuplicateMessage(queue, [k])
+            if on_conflict == "update":
+                payloads[first_index[k]] = payloads[i]
+        else:
+            first_index[k] = i
+
+    rows = [
+        Message(
+            queue=queue,
+            key=k,
+            kind=kind,
+            payload=payloads[i],
+            status=Message.Status.PENDING,
+            priority=priority,
+            next_attempt_time=due,
+            scheduled_time=due,
+            max_attempts=max_attempts,
+            created_at=now,
+            updated_at=now,
+        )
+        for k, i in first_index.items()
+    ]
+    alias = using or router.db_for_write(Message)
+    connection = connections[alias]
+    outcomes: dict[str, tuple[Outcome, Message]] = {}
+    with transaction.atomic(using=alias, savepoint=on_conflict == "error"):
+        for start in range(0, len(rows), CHUNK_SIZE):
+            outcomes.update(_write_chunk(connection, rows[start : start + CHUNK_SIZE], on_conflict))
+        if on_conflict == "error":
+            clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
+            if clashes:
+                raise DuplicateMessage(queue, clashes)
+        if any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
+            notify(connection, queue, due)
+
+    results: list[EnqueueResult] = []
+    for i, k in enumerate(key_list):
+        outcome, message = outcomes[k]
+        if first_index[k] != i:
+            outcome = Outcome.UPDATED if on_conflict == "update" else Outcome.IGNORED
+        results.append(EnqueueResult(outcome, message))
+    return results
+
+
+# -- writing ------------------------------------------------------------------
+
+_INSERT_FIELDS = [f for f in Message._meta.concrete_fields if not f.primary_key]
+_ALL_FIELDS = list(Message._meta.concrete_fields)
+_FINISHED_SQL = "('succeeded', 'failed', 'cancelled')"
+
+
+def _supports_upsert_returning(connection: BaseDatabaseWrapper) -> bool:
+    if connection.vendor == "postgresql":
+        return True
+    return connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+
+
+def _write_chunk(
+    connection: BaseDatabaseWrapper, rows: list[Message], on_conflict: str
+) -> dict[str, tuple[Outcome, Message]]:
+    if _supports_upsert_returning(connection):
+        return _upsert_returning(connection, rows, on_conflict)
+    return _select_then_write(connection, rows, on_conflict)
+
+
+def _upsert_returning(
+    connection: BaseDatabaseWrapper, rows: list[Message], on_conflict: str
+) -> dict[str, tuple[Outcome, Message]]:
+    """One ``INSERT ... ON CONFLICT ... RETURNING`` per chunk (PostgreSQL, SQLite).
+
+    ``update`` only rewrites rows that differ (same content is IGNORED, as in
+    seed 002). A running message that is updated loses its lease token, so
+    the running attempt can no longer acknowledge it, but it stays invisible
+    until that lease expires: the new version never runs beside the old one.
+    """
+    qn = connection.ops.quote_name
+    table = qn(Message._meta.db_table)
+    cols = [qn(f.column) for f in _INSERT_FIELDS]
+    placeholder = "(" + ", ".join(["%s"] * len(cols)) + ")"
+    params: list[Any] = []
+    for row in rows:
+        params.extend(f.get_db_prep_save(getattr(row, f.attname), connection) for f in _INSERT_FIELDS)
+    sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES " + ", ".join([placeholder] * len(rows))
+    sql += f" ON CONFLICT ({qn('queue')}, {qn('key')}) "
+    existing: set[str] = set()
+    if on_conflict == "update":
+        sql += _update_clause(connection, table)
+        if connection.vendor != "postgresql":
+            # Without xmax, tell inserts from updates by what was there before;
+            # SQLite serialises writers, so this cannot race within our write.
+            existing = set(
+                Message.objects.using(connection.alias)
+                .filter(queue=rows[0].queue, key__in=[r.key for r in rows])
+                .values_list("key", flat=True)
+            )
+    else:
+        sql += "DO NOTHING"
+    returning = ", ".join(f"{table}.{qn(f.column)}" for f in _ALL_FIELDS)
+    if connection.vendor == "postgresql":
+        returning += ", (xmax = 0)"
+    sql += f" RETURNING {returning}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
+
+    out: dict[str, tuple[Outcome, Message]] = {}
+    for values in fetched:
+        message = _from_row(connection, values[: len(_ALL_FIELDS)])
+        if connection.vendor == "postgresql":
+            inserted = bool(values[-1])
+        else:
+            inserted = message.key not in existing
+        out[message.key] = (Outcome.CREATED if inserted else Outcome.UPDATED, message)
+    missing = [r.key for r in rows if r.key not in out]
+    if missing:
+        found = Message.objects.using(connection.alias).filter(queue=rows[0].queue, key__in=missing)
+        for message in found:
+            out[message.key] = (Outcome.IGNORED, message)
+    return out
+
+
+def _update_clause(connection: BaseDatabaseWrapper, table: str) -> str:
+    qn = connection.ops.quote_name
+
+    def c(name: str) -> str:
+        return qn(name)
+
+    distinct = "IS DISTINCT FROM" if connection.vendor == "postgresql" else "IS NOT"
+    finished = f"{table}.{c('status')} IN {_FINISHED_SQL}"
+    sets = {
+        "payload": f"excluded.{c('payload')}",
+        "kind": f"excluded.{c('kind')}",
+        "priority": f"excluded.{c('priority')}",
+        "max_attempts": f"excluded.{c('max_attempts')}",
+        "scheduled_time": f"excluded.{c('scheduled_time')}",
+        "updated_at": f"excluded.{c('updated_at')}",
+        "next_attempt_time": (
+            f"CASE WHEN {table}.{c('status')} = 'running' AND {table}.{c('next_attempt_time')} "
+            f"> excluded.{c('next_attempt_time')} THEN {table}.{c('next_attempt_time')} "
+            f"ELSE excluded.{c('next_attempt_time')} END"
+        ),
+        "attempt_count": f"CASE WHEN {finished} THEN 0 ELSE {table}.{c('attempt_count')} END",
+        "last_error": f"CASE WHEN {finished} THEN '' ELSE {table}.{c('last_error')} END",
+        "last_traceback": f"CASE WHEN {finished} THEN '' ELSE {table}.{c('last_traceback')} END",
+        "finished_at": "NULL",
+        "lock_token": "NULL",
+        "status": "'pending'",
+    }
+    changed = " OR ".join(
+        [f"{table}.{c('status')} <> 'pending'"]
+        + [
+            f"{table}.{c(name)} {distinct} excluded.{c(name)}"
+            for name in ("payload", "kind", "priority", "max_attempts", "next_attempt_time")
+        ]
+    )
+    assignments = ", ".join(f"{c(k)} = {v}" for k, v in sets.items())
+    return f"DO UPDATE SET {assignments} WHERE {changed}"
+
+
+def _from_row(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> Message:
+    """Build a ``Message`` from a raw row, applying the backend's converters."""
+    converted = []
+    for field, value in zip(_ALL_FIELDS, values, strict=True):
+        col = field.get_col(Message._meta.db_table)
+        for converter in connection.ops.get_db_converters(col) + field.get_db_converters(
+            connection
+        ):
+            value = converter(value, col, connection)
+        converted.append(value)
+    return Message.from_db(connection.alias, [f.attname for f in _ALL_FIELDS], converted)
+
+
+def _select_then_write(
+    connection: BaseDatabaseWrapper, rows: list[Message], on_conflict: str
+) -> dict[str, tuple[Outcome, Message]]:
+    """Portable path for databases without ``ON CONFLICT ... RETURNING``.
+
+    The existing keys are read with ``FOR UPDATE`` so that, on InnoDB, the
+    unique index's gap locks keep a concurrent producer from slipping the
+    same key in between the read and the write.
+    """
+    qs = Message.objects.using(connection.alias)
+    queue = rows[0].queue
+    existing = {
+        m.key: m
+        for m in qs.select_for_update().filter(queue=queue, key__in=[r.key for r in rows])
+    }
+    new = [r for r in rows if r.key not in existing]
+    qs.bulk_create(new)
+    created = {m.key: m for m in qs.filter(queue=queue, key__in=[r.key for r in new])}
+    out: dict[str, tuple[Outcome, Message]] = {
+        k: (Outcome.CREATED, m) for k, m in created.items()
+    }
+    for row in rows:
+        current = existing.get(row.key)
+        if current is None:
+            continue
+        if on_conflict != "update" or _same_content(current, row):
+            out[row.key] = (Outcome.IGNORED, current)
+            continue
+        _apply_update(current, row)
+        current.save(using=connection.alias)
+        out[row.key] = (Outcome.UPDATED, current)
+    return out
+
+
+def _same_content(current: Message, row: Message) -> bool:
+    return current.status == Message.Status.PENDING and all(
+        getattr(current, f) == getattr(row, f)
+        for f in ("payload", "kind", "priority", "max_attempts", "next_attempt_time")
+    )
+
+
+def _apply_update(current: Message, row: Message) -> None:
+    """Python twin of ``_update_clause`` for the portable path."""
+    if current.status in Message.FINISHED_STATUSES:
+        current.attempt_count = 0
+        current.last_error = current.last_traceback = ""
+    if not (
+        current.status == Message.Status.RUNNING
+        and current.next_attempt_time
+        and row.next_attempt_time
+        and current.next_attempt_time > row.next_attempt_time
+    ):
+        current.next_attempt_time = row.next_attempt_time
+    for name in ("payload", "kind", "priority", "max_attempts", "scheduled_time", "updated_at"):
+        setattr(current, name, getattr(row, name))
+    current.finished_at = None
+    current.lock_token = None
+    current.status = Message.Status.PENDING
+
+
+# -- wake-up ------------------------------------------------------------------
+
+
+def notify(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> None:
+    """Wake idle workers on PostgreSQL; sent on commit, dropped on rollback.
+
+    The payload carries the due time so that a worker sleeping until a later
+    message shortens its sleep for a sooner one.
+    """
+    if connection.vendor != "postgresql" or not get_config()["NOTIFY"]:
+        return
+    body = json.dumps({"queue": queue, "due": due.timestamp()})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, body])

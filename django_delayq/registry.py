@@ -1,0 +1,188 @@
+"""Handler registration: ``@handler(queue, ...)`` and lookup by queue and kind.
+
+Handlers are found the way the admin finds ``admin.py``: the app config
+imports each installed app's ``handlers`` module at start-up, so the worker
+knows every handler before it claims anything.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.exceptions import HandlerNotFound
+from django_delayq.models import KIND_MAX_LENGTH, QUEUE_MAX_LENGTH
+from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
+
+if TYPE_CHECKING:
+    from django_delayq.models import Message
+
+HandlerFunc = Callable[["Message"], Any]
+F = TypeVar("F", bound=HandlerFunc)
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+
+
+def validate_queue_name(queue: object) -> str:
+    if not isinstance(queue, str):
+        raise TypeError(f"queue name must be a str, got {type(queue).__name__}")
+    if not queue:
+        raise ValueError("queue name must not be empty")
+    if len(queue) > QUEUE_MAX_LENGTH:
+        raise ValueError(f"queue name is {len(queue)} characters, over {QUEUE_MAX_LENGTH}")
+    if not QUEUE_NAME_RE.match(queue):
+        raise ValueError(
+            f"queue name {queue!r} may only hold letters, digits and _ . : - "
+            "(and must start with a letter or digit)"
+        )
+    return queue
+
+
+def validate_kind(kind: object) -> str:
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str, got {type(kind).__name__}")
+    if len(kind) > KIND_MAX_LENGTH:
+        raise ValueError(f"kind is {len(kind)} characters, over {KIND_MAX_LENGTH}")
+    return kind
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """A registered handler and the options that override the settings."""
+
+    func: HandlerFunc
+    queue: str
+    kind: str | None = None
+    max_attempts: int | None = None
+    retry: RetryPolicy | None = None
+    lease: timedelta | None = None
+    atomic: bool = False
+    concurrency: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.func.__module__}.{self.func.__qualname__}"
+
+    def _queue_setting(self, name: str) -> Any:
+        config = get_config()
+        return config["QUEUES"].get(self.queue, {}).get(name, config[name])
+
+    def effective_max_attempts(self) -> int:
+        return self.max_attempts or int(self._queue_setting("MAX_ATTEMPTS"))
+
+    def effective_lease(self) -> timedelta:
+        return self.lease or to_timedelta(self._queue_setting("LEASE"))
+
+    def effective_retry(self) -> RetryPolicy:
+        if self.retry is not None:
+            return self.retry
+        queue_policy = get_config()["QUEUES"].get(self.queue, {}).get("RETRY_POLICY")
+        return resolve_policy(queue_policy) if queue_policy else get_default_policy()
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handlers: dict[tuple[str, str | None], HandlerSpec] = {}
+
+    def register(self, spec: HandlerSpec) -> None:
+        key = (spec.queue, spec.kind)
+        with self._lock:
+            existing = self._handlers.get(key)
+            # Re-registering the same function (a module imported twice, the
+            # autoreloader) is harmless; two different functions are a bug.
+            if existing is not None and existing.name != spec.name:
+                what = f"queue {spec.queue!r}" + (f", kind {spec.kind!r}" if spec.kind else "")
+                raise ImproperlyConfigured(
+                    f"two handlers for {what}: {existing.name} and {spec.name}"
+                )
+            self._handlers[key] = spec
+
+    def unregister(self, queue: str, kind: str | None = None) -> None:
+        with self._lock:
+            self._handlers.pop((queue, kind), None)
+
+    def lookup(self, queue: str, kind: str) -> HandlerSpec:
+        """The handler for this kind in this queue, else the queue's catch-all."""
+        spec = self._handlers.get((queue, kind or None)) or self._handlers.get((queue, None))
+        if spec is None:
+            raise HandlerNotFound(
+                f"no handler for queue {queue!r}" + (f" and kind {kind!r}" if kind else "")
+            )
+        return spec
+
+    def for_queue(self, queue: str) -> list[HandlerSpec]:
+        return [s for (q, _), s in self._handlers.items() if q == queue]
+
+    def queues(self) -> list[str]:
+        return sorted({q for q, _ in self._handlers})
+
+    def all(self) -> list[HandlerSpec]:
+        return list(self._handlers.values())
+
+
+registry = Registry()
+
+
+def handler(
+    queue: str,
+    *,
+    kind: str | None = None,
+    max_attempts: int | None = None,
+    retry: RetryPolicy | str | type | None = None,
+    lease: timedelta | int | float | None = None,
+    atomic: bool = False,
+    concurrency: int | None = None,
+) -> Callable[[F], F]:
+    """Register the decorated function as the consumer of ``queue``.
+
+    ``kind`` narrows it to messages of that payload kind (a queue may have one
+    handler per kind plus a catch-all). ``max_attempts``, ``retry`` and
+    ``lease`` override the settings for these messages. ``atomic=True`` runs
+    the handler inside the transaction that acknowledges the message, so its
+    database writes commit if and only if the message is marked done.
+    ``concurrency`` caps how many of this queue's messages one worker process
+    runs at once.
+
+    Options are validated here, at import time, so a typo fails start-up
+    instead of the first message.
+    """
+    validate_queue_name(queue)
+    if kind is not None:
+        validate_kind(kind)
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+    lease_td = to_timedelta(lease) if lease is not None else None
+    if lease_td is not None and lease_td <= timedelta(0):
+        raise ValueError(f"lease must be positive, got {lease!r}")
+    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+    policy = resolve_policy(retry) if retry is not None else None
+
+    def decorate(func: F) -> F:
+        if not callable(func):
+            raise TypeError("@handler must decorate a callable")
+        registry.register(
+            HandlerSpec(
+                func=func,
+                queue=queue,
+                kind=kind,
+                max_attempts=max_attempts,
+                retry=policy,
+                lease=lease_td,
+                atomic=bool(atomic),
+                concurrency=concurrency,
+            )
+        )
+        return func
+
+    return decorate

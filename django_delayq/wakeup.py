@@ -1,0 +1,120 @@
+"""How an idle worker waits: LISTEN/NOTIFY on PostgreSQL, a timed sleep elsewhere.
+
+Either way the sleep ends at the earliest of: a notification, a poke from
+inside the process (a handler slot freed, a shutdown signal), the next known
+due time, or the poll interval, so delayed messages run on time without the
+worker hammering the database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+from django_delayq import clock
+from django_delayq.producer import NOTIFY_CHANNEL
+
+logger = logging.getLogger("django_delayq.worker")
+
+# Connection parameters Django adds for its own cursors, not libpq's.
+_DJANGO_ONLY_PARAMS = ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
+
+
+class Waker:
+    def __init__(self, using: str, queues: list[str], listen: bool) -> None:
+        self.queues = set(queues)
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+        self._listener: Any = None
+        self.hint: datetime | None = None
+        if listen and connections[using].vendor == "postgresql":
+            self._listener = self._open_listener(using)
+
+    @staticmethod
+    def _open_listener(using: str) -> Any:
+        """A dedicated autocommit connection, so LISTEN never sits in a transaction."""
+        try:
+            import psycopg
+        except ImportError:  # pragma: no cover - psycopg2 users poll
+            return None
+        params = dict(connections[using].get_connection_params())
+        for name in _DJANGO_ONLY_PARAMS:
+            params.pop(name, None)
+        try:
+            conn = psycopg.connect(**params, autocommit=True)
+            conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+        except Exception:
+            logger.warning("LISTEN failed; falling back to polling", exc_info=True)
+            return None
+        return conn
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
+    def poke(self) -> None:
+        """Wake the waiting thread (safe from threads and signal handlers)."""
+        try:
+            os.write(self._write_fd, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def wait(self, timeout: float) -> None:
+        fds = [self._read_fd]
+        if self._listener is not None:
+            fds.append(self._listener.fileno())
+        if timeout > 0:
+            try:
+                select.select(fds, [], [], timeout)
+            except (OSError, ValueError):
+                pass
+        try:
+            while os.read(self._read_fd, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        self._drain_notifications()
+
+    def _drain_notifications(self) -> None:
+        if self._listener is None:
+            return
+        try:
+            for note in self._listener.notifies(timeout=0):
+                self._note(note.payload)
+        except Exception:
+            logger.warning("LISTEN connection lost; polling until it is restored", exc_info=True)
+            self._close_listener()
+
+    def _note(self, payload: str) -> None:
+        try:
+            body = json.loads(payload)
+            if body.get("queue") not in self.queues:
+                return
+            due = datetime.fromtimestamp(float(body["due"]), tz=clock.now().tzinfo)
+        except (ValueError, TypeError, KeyError):
+            return
+        if self.hint is None or due < self.hint:
+            self.hint = due
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except Exception:
+                pass
+            self._listener = None
+
+    def close(self) -> None:
+        self._close_listener()
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,126 @@
+"""Shared fixtures: a controllable clock, in-process and subprocess workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_delayq import clock
+from django_delayq.worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05,
+             message: str = "condition") -> object:
+    """Poll ``predicate`` until it is truthy or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+class FakeClock:
+    def __init__(self, start: datetime) -> None:
+        self.current = start
+
+    def __call__(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float = 0, **kwargs: float) -> datetime:
+        self.current += timedelta(seconds=seconds, **kwargs)
+        return self.current
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock(timezone.now())
+    monkeypatch.setattr(clock, "now", fake)
+    return fake
+
+
+@pytest.fixture
+def run_worker() -> Callable[..., object]:
+    """Run an in-process worker in burst mode (needs a transactional test)."""
+
+    def run(queues: list[str] | None = None, **kwargs: object):
+        kwargs.setdefault("burst", True)
+        return Worker(queues, **kwargs).run()  # type: ignore[arg-type]
+
+    return run
+
+
+class WorkerProcess:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "run_delayq", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._output: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    @property
+    def output(self) -> str:
+        if self._output is None:
+            self._output = self.proc.communicate(timeout=60)[0] if self.proc.stdout else ""
+        return self._output
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        if self.proc.stdout and not self.proc.stdout.closed:
+            self.output  # noqa: B018 - drain
+
+
+@pytest.fixture
+def worker_env(transactional_db: None) -> dict[str, str]:
+    """Environment for subprocesses that must use this test's database."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["DELAYQ_TEST_DATABASE_NAME"] = str(connection.settings_dict["NAME"])
+    env.setdefault("DELAYQ_LOG_LEVEL", "INFO")
+    return env
+
+
+@pytest.fixture
+def spawn_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def spawn(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        process = WorkerProcess(list(args), {**worker_env, **(env or {})})
+        started.append(process)
+        return process
+
+    yield spawn
+    for process in started:
+        process.stop()

@@ -1,0 +1,200 @@
+"""Producing: outcomes, transactions, validation, batching."""
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_delayq import Outcome, enqueue, enqueue_many
+from django_delayq.exceptions import DuplicateMessage
+from django_delayq.models import Message
+from tests.factories import MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_enqueue_creates_a_due_pending_message():
+    before = timezone.now()
+    result = enqueue("default", {"to": "a@example.com"}, key="welcome-42")
+    assert result.outcome is Outcome.CREATED
+    message = Message.objects.get()
+    assert message == result.message
+    assert message.payload == {"to": "a@example.com"}
+    assert message.status == "pending"
+    assert before <= message.next_attempt_time == message.scheduled_time <= timezone.now()
+    assert message.attempt_count == 0
+
+
+def test_same_key_is_ignored_by_default():
+    enqueue("default", {"v": 1}, key="k")
+    result = enqueue("default", {"v": 2}, key="k")
+    assert result.outcome is Outcome.IGNORED
+    assert result.message.payload == {"v": 1}
+    assert Message.objects.get().payload == {"v": 1}
+
+
+def test_same_key_in_another_queue_is_a_different_message():
+    enqueue("default", {}, key="k")
+    assert enqueue("other", {}, key="k").outcome is Outcome.CREATED
+
+
+def test_update_replaces_payload_and_schedule():
+    enqueue("default", {"v": 1}, key="k")
+    later = timezone.now() + timedelta(hours=1)
+    result = enqueue("default", {"v": 2}, key="k", run_at=later, priority=5, on_conflict="update")
+    assert result.outcome is Outcome.UPDATED
+    message = Message.objects.get()
+    assert (message.payload, message.next_attempt_time, message.priority) == ({"v": 2}, later, 5)
+    assert result.message.payload == {"v": 2}
+
+
+def test_update_with_identical_content_is_ignored():
+    at = timezone.now() + timedelta(minutes=5)
+    enqueue("default", {"v": 1}, key="k", run_at=at)
+    result = enqueue("default", {"v": 1}, key="k", run_at=at, on_conflict="update")
+    assert result.outcome is Outcome.IGNORED
+
+
+def test_update_revives_a_finished_message():
+    message = MessageFactory(key="k", status="failed", attempt_count=5, last_error="x",
+                             next_attempt_time=None, finished_at=timezone.now())
+    result = enqueue("default", {"v": 2}, key="k", on_conflict="update")
+    assert result.outcome is Outcome.UPDATED
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count, message.last_error) == ("pending", 0, "")
+    assert message.finished_at is None
+
+
+def test_update_of_a_running_message_revokes_its_token_but_waits_for_its_lease():
+    import uuid
+
+    lease_end = timezone.now() + timedelta(minutes=1)
+    message = MessageFactory(key="k", status="running", lock_token=uuid.uuid4(),
+                             next_attempt_time=lease_end, attempt_count=1)
+    enqueue("default", {"v": 2}, key="k", on_conflict="update")
+    message.refresh_from_db()
+    assert message.status == "pending"
+    assert message.lock_token is None
+    assert message.next_attempt_time == lease_end
+
+
+def test_error_raises_and_writes_nothing_new():
+    enqueue("default", {}, key="k")
+    with pytest.raises(DuplicateMessage, match="'k'"):
+        enqueue_many("default", [{}, {}], keys=["new", "k"], on_conflict="error")
+    assert list(Message.objects.values_list("key", flat=True)) == ["k"]
+
+
+def test_error_inside_a_transaction_keeps_the_callers_work():
+    with transaction.atomic():
+        enqueue("default", {}, key="mine")
+        enqueue("default", {}, key="k")
+        with pytest.raises(DuplicateMessage):
+            enqueue("default", {}, key="k", on_conflict="error")
+        enqueue("default", {}, key="after")
+    assert sorted(Message.objects.values_list("key", flat=True)) == ["after", "k", "mine"]
+
+
+def test_rollback_removes_the_message():
+    with transaction.atomic():
+        enqueue("default", {}, key="gone")
+        transaction.set_rollback(True)
+    assert not Message.objects.filter(key="gone").exists()
+
+
+def test_delay_and_run_at():
+    now = timezone.now()
+    delayed = enqueue("default", {}, delay=timedelta(minutes=10)).message
+    assert timedelta(minutes=10) <= delayed.next_attempt_time - now < timedelta(minutes=11)
+    seconds = enqueue("default", {}, delay=30).message
+    assert timedelta(seconds=30) <= seconds.next_attempt_time - now < timedelta(seconds=90)
+    at = now + timedelta(days=1)
+    assert enqueue("default", {}, run_at=at).message.next_attempt_time == at
+
+
+def test_enqueue_many_returns_results_in_order_with_duplicates():
+    enqueue("default", {"old": True}, key="b")
+    results = enqueue_many("default", [{"n": 1}, {"n": 2}, {"n": 3}], keys=["a", "b", "a"])
+    assert [r.outcome for r in results] == [Outcome.CREATED, Outcome.IGNORED, Outcome.IGNORED]
+    assert results[0].message.pk == results[2].message.pk
+    assert results[1].message.payload == {"old": True}
+
+
+def test_enqueue_many_update_keeps_the_last_duplicate():
+    results = enqueue_many("default", [{"n": 1}, {"n": 2}], keys=["a", "a"], on_conflict="update")
+    assert [r.outcome for r in results] == [Outcome.CREATED, Outcome.UPDATED]
+    assert Message.objects.get(key="a").payload == {"n": 2}
+
+
+def test_enqueue_many_without_keys_gives_unique_keys():
+    results = enqueue_many("default", [{}] * 3)
+    assert len({r.message.key for r in results}) == 3
+
+
+def test_enqueue_many_of_10000_takes_a_handful_of_round_trips():
+    with CaptureQueriesContext(connection) as queries:
+        results = enqueue_many("default", [{"i": i} for i in range(10_000)])
+    assert Message.objects.count() == 10_000
+    assert all(r.outcome is Outcome.CREATED for r in results)
+    assert len(queries) <= 12, [q["sql"][:80] for q in queries]
+
+
+def test_using_targets_the_alias():
+    result = enqueue("default", {}, using="default")
+    assert result.message._state.db == "default"
+
+
+def _bad(**kwargs):
+    args = {"queue": "default", "payload": {}}
+    args.update(kwargs)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (_bad(key="x" * 256), ValueError, "over 255"),
+        (_bad(key=""), ValueError, "must not be empty"),
+        (_bad(key=5), TypeError, "key must be a str"),
+        (_bad(queue=""), ValueError, "queue name must not be empty"),
+        (_bad(queue="q" * 101), ValueError, "over 100"),
+        (_bad(queue="has space"), ValueError, "may only hold"),
+        (_bad(run_at=datetime(2030, 1, 1)), ValueError, "naive datetime"),
+        (_bad(run_at=timezone.now(), delay=5), ValueError, "not both"),
+        (_bad(delay=-1), ValueError, "must not be negative"),
+        (_bad(delay="soon"), TypeError, "timedelta or a number"),
+        (_bad(priority=40000), ValueError, "out of range"),
+        (_bad(priority=1.5), TypeError, "priority must be an int"),
+        (_bad(on_conflict="replace"), ValueError, "on_conflict must be one of"),
+        (_bad(payload={"at": timezone.now()}), TypeError, r"payload\['at'\] is of type datetime"),
+        (_bad(payload={"s": {1, 2}}), TypeError, r"payload\['s'\] is of type set"),
+        (_bad(payload={"s": "nul\x00"}), ValueError, "NUL"),
+        (_bad(max_attempts=0), ValueError, "max_attempts"),
+    ],
+)
+def test_bad_input_raises_early_and_writes_nothing(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        enqueue(**kwargs)
+    assert not Message.objects.exists()
+
+
+def test_bad_message_in_a_batch_names_its_index_and_writes_nothing():
+    with pytest.raises(TypeError, match=r"message 2: payload\['x'\]"):
+        enqueue_many("default", [{}, {}, {"x": object()}])
+    assert not Message.objects.exists()
+
+
+def test_payload_over_the_size_limit_is_refused(settings):
+    settings.DELAYQ = {**settings.DELAYQ, "MAX_PAYLOAD_SIZE": 50}
+    with pytest.raises(ValueError, match="MAX_PAYLOAD_SIZE"):
+        enqueue("default", {"x": "y" * 100})
+    assert not Message.objects.exists()
+
+
+def test_unicode_and_nested_payload_round_trips():
+    payload = {"name": "Zoë ✓", "nested": {"list": [1, 2.5, None, True, "é"]}, "big": 2**53}
+    message = enqueue("default", payload).message
+    message.refresh_from_db()
+    assert message.payload == payload
