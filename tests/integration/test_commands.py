@@ -1,0 +1,44 @@
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_delayq import enqueue
+from django_delayq.models import Message
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args):
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_status_prints_counts_and_lag(fake_clock):
+    enqueue("default", {}, key="due")
+    enqueue("default", {}, key="later", delay=600)
+    enqueue("other", {}, key="x")
+    retrying = enqueue("default", {}, key="retrying").message
+    Message.objects.filter(pk=retrying.pk).update(attempt_count=1, next_attempt_time=timezone.now() + timedelta(minutes=1))
+    fake_clock.advance(90)
+    lines = run("delayq_status").splitlines()
+    assert lines[0].split() == ["queue", "due", "scheduled", "running", "retrying", "failed", "succeeded", "lag"]
+    default = next(line.split() for line in lines if line.startswith("default"))
+    assert default[1:7] == ["1", "1", "0", "0", "0", "0"]
+    assert default[7] == "90s"
+    assert any(line.startswith("other") for line in lines)
+
+
+def test_status_with_no_messages():
+    assert "no messages" in run("delayq_status")
+
+
+def test_prune_command_deletes_old_finished_messages():
+    message = enqueue("default", {}).message
+    Message.objects.filter(pk=message.pk).update(status="succeeded", finished_at=timezone.now() - timedelta(hours=2))
+    assert "deleted 0" in run("delayq_prune")
+    assert "deleted 1" in run("delayq_prune", "--older-than", "3600")
+    assert not Message.objects.exists()

@@ -1,0 +1,241 @@
+"""The worker's semantics, run in-process against the real database."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_delayq import claim, enqueue, enqueue_many
+from django_delayq.execute import Result, execute
+from django_delayq.models import Message
+from tests.testapp.models import Effect, Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_burst_processes_due_messages(run_worker):
+    results = enqueue_many("default", [{}] * 20)
+    stats = run_worker(["default"], concurrency=3, batch_size=4)
+    assert stats[Result.SUCCEEDED] == 20
+    assert set(Message.objects.values_list("status", flat=True)) == {"succeeded"}
+    executed = sorted(Execution.objects.values_list("message_id", flat=True))
+    assert executed == sorted(r.message.pk for r in results)
+    message = Message.objects.first()
+    assert message.finished_at is not None and message.next_attempt_time is None
+    assert message.lock_token is None and message.attempt_count == 1
+
+
+def test_delayed_messages_wait_until_due(run_worker, fake_clock):
+    enqueue("default", {}, key="later", delay=timedelta(minutes=5))
+    enqueue("default", {}, key="now")
+    run_worker(["default"])
+    assert Message.objects.get(key="now").status == "succeeded"
+    assert Message.objects.get(key="later").status == "pending"
+    fake_clock.advance(minutes=4, seconds=59)
+    run_worker(["default"])
+    assert Message.objects.get(key="later").status == "pending"
+    fake_clock.advance(seconds=1)
+    run_worker(["default"])
+    assert Message.objects.get(key="later").status == "succeeded"
+
+
+def test_priority_orders_claims(run_worker):
+    enqueue("default", {}, key="low", priority=-5)
+    enqueue("default", {}, key="mid")
+    enqueue("default", {}, key="high", priority=10)
+    run_worker(["default"], concurrency=1, batch_size=1)
+    order = list(Execution.objects.order_by("id").values_list("message_id", flat=True))
+    keys = [Message.objects.get(pk=pk).key for pk in order]
+    assert keys == ["high", "mid", "low"]
+
+
+def test_failures_retry_with_backoff_then_succeed(run_worker, fake_clock, settings):
+    settings.DELAYQ = {**settings.DELAYQ, "RETRY_POLICY": "django_delayq.retry.FixedDelay"}
+    message = enqueue("default", {"fail": 2}).message
+    run_worker(["default"])
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("pending", 1)
+    assert "Boom: attempt 1 of message" in message.last_error
+    assert "Traceback" in message.last_traceback and "handlers.py" in message.last_traceback
+    assert message.next_attempt_time - fake_clock() == timedelta(seconds=60)
+    run_worker(["default"])  # not due yet
+    assert Message.objects.get(pk=message.pk).attempt_count == 1
+    fake_clock.advance(60)
+    run_worker(["default"])
+    fake_clock.advance(60)
+    run_worker(["default"])
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("succeeded", 3)
+
+
+def test_max_attempts_moves_to_failed(run_worker, fake_clock):
+    message = enqueue("other", {"fail": 10}).message  # the handler allows 2 attempts
+    run_worker(["other"])
+    fake_clock.advance(3600)
+    run_worker(["other"])
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("failed", 2)
+    assert message.next_attempt_time is None and message.finished_at is not None
+    fake_clock.advance(3600)
+    run_worker(["other"])
+    assert Message.objects.get(pk=message.pk).attempt_count == 2
+
+
+def test_message_max_attempts_overrides_handler(run_worker):
+    message = enqueue("other", {"fail": 10}, max_attempts=1).message
+    run_worker(["other"])
+    message.refresh_from_db()
+    assert message.status == "failed"
+
+
+def test_atomic_handler_writes_commit_with_the_ack(run_worker):
+    message = enqueue("atomic", {"value": "kept"}).message
+    run_worker(["atomic"])
+    assert Message.objects.get(pk=message.pk).status == "succeeded"
+    assert list(Effect.objects.values_list("value", flat=True)) == ["kept"]
+
+
+def test_atomic_handler_failure_rolls_back_its_writes(run_worker, fake_clock):
+    message = enqueue("atomic", {"value": "x", "fail": 1}).message
+    run_worker(["atomic"])
+    message.refresh_from_db()
+    assert message.status == "pending" and message.attempt_count == 1
+    assert not Effect.objects.exists()
+    fake_clock.advance(3600)
+    run_worker(["atomic"])
+    assert Effect.objects.count() == 1
+
+
+def test_atomic_handler_with_lost_lease_rolls_back(settings):
+    message = enqueue("atomic", {"value": "stale"}).message
+    first = claim.claim(["atomic"], 1, worker="w1", lease=timedelta(seconds=-1))
+    second = claim.claim(["atomic"], 1, worker="w2", lease=timedelta(minutes=5))
+    assert second.messages and second.messages[0].pk == message.pk
+    assert execute(first.messages[0], first.token, using="default") is Result.LEASE_LOST
+    assert not Effect.objects.exists()
+    refreshed = Message.objects.get(pk=message.pk)
+    assert (refreshed.status, refreshed.lock_token) == ("running", second.token)
+
+
+def test_retry_snoozes_without_spending_an_attempt(run_worker, fake_clock):
+    message = enqueue("other", {"retry_in": 30}).message
+    run_worker(["other"])
+    message.refresh_from_db()
+    assert message.status == "pending" and message.last_error == ""
+    assert message.next_attempt_time == fake_clock() + timedelta(seconds=30)
+    assert message.max_attempts == 3  # the handler's 2, plus the snooze
+    fake_clock.advance(30)
+    run_worker(["other"])
+    assert Message.objects.get(pk=message.pk).status == "succeeded"
+
+
+def test_discard_fails_at_once(run_worker):
+    message = enqueue("default", {"discard": "customer deleted"}).message
+    run_worker(["default"])
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("failed", 1)
+    assert message.last_error == "Discarded: customer deleted"
+
+
+def test_unknown_kind_is_recorded_not_crashing(run_worker):
+    from django_delayq.registry import HandlerSpec, registry
+
+    registry.register(HandlerSpec(func=lambda m: None, queue="kinded", kind="known"))
+    try:
+        message = enqueue("kinded", {}, kind="mystery").message
+        good = enqueue("kinded", {}, kind="known").message
+        stats = run_worker(["kinded"])
+    finally:
+        registry.unregister("kinded", "known")
+    message.refresh_from_db()
+    assert message.status == "pending" and "no handler for queue 'kinded'" in message.last_error
+    assert Message.objects.get(pk=good.pk).status == "succeeded"
+    assert stats[Result.RETRYING] == 1
+
+
+def test_handler_that_cannot_decode_its_payload_records_the_error(run_worker):
+    from django_delayq.registry import HandlerSpec, registry
+
+    def strict(message):
+        return message.payload["order_id"]
+
+    registry.register(HandlerSpec(func=strict, queue="strict", max_attempts=1))
+    try:
+        message = enqueue("strict", ["not", "an", "object"]).message
+        run_worker(["strict"])
+    finally:
+        registry.unregister("strict")
+    message.refresh_from_db()
+    assert message.status == "failed"
+    assert message.last_error.startswith("TypeError: list indices must be integers")
+
+
+def test_expired_lease_makes_the_message_claimable_again():
+    message = enqueue("default", {}).message
+    first = claim.claim(["default"], 10, worker="w1", lease=timedelta(seconds=-1))
+    assert [m.pk for m in first.messages] == [message.pk]
+    second = claim.claim(["default"], 10, worker="w2", lease=timedelta(minutes=5))
+    assert [m.attempt_count for m in second.messages] == [2]
+    assert claim.claim(["default"], 10, worker="w3", lease=timedelta(minutes=5)).messages == []
+
+
+def test_stale_token_cannot_ack_fail_extend_or_release():
+    message = enqueue("default", {}).message
+    stale = claim.claim(["default"], 1, worker="w1", lease=timedelta(seconds=-1))
+    fresh = claim.claim(["default"], 1, worker="w2", lease=timedelta(minutes=5))
+    ids = [message.pk]
+    assert claim.ack(ids, stale.token) == 0
+    assert claim.fail(message.pk, stale.token, error="x", retry_at=None) == 0
+    assert claim.extend(ids, stale.token, timedelta(hours=1)) == 0
+    assert claim.release(ids, stale.token, started=True) == 0
+    assert claim.ack(ids, uuid.uuid4()) == 0
+    assert claim.ack(ids, fresh.token) == 1
+    assert Message.objects.get().status == "succeeded"
+
+
+def test_claim_batches_share_one_token_and_respect_the_limit():
+    enqueue_many("default", [{}] * 5)
+    batch = claim.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
+    assert len(batch.messages) == 3
+    assert {m.lock_token for m in batch.messages} == {batch.token}
+    assert claim.ack([m.pk for m in batch.messages], batch.token) == 3
+
+
+def test_release_gives_back_unstarted_attempts():
+    message = enqueue("default", {}).message
+    batch = claim.claim(["default"], 1, worker="w", lease=timedelta(minutes=1))
+    assert claim.release([message.pk], batch.token, started=False) == 1
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count, message.lock_token) == ("pending", 0, None)
+
+
+def test_claim_only_takes_the_workers_queues():
+    enqueue("other", {})
+    assert claim.claim(["default"], 10, worker="w", lease=timedelta(minutes=1)).messages == []
+
+
+def test_lease_is_extended_while_a_long_handler_runs(run_worker, settings):
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.6}
+    from django_delayq.registry import registry
+
+    message = enqueue("default", {"sleep": 2}).message
+    spec = registry.lookup("default", "")
+    assert spec.effective_lease() == timedelta(seconds=0.6)
+    run_worker(["default"])
+    message.refresh_from_db()
+    # Without extension the lease would have expired after 0.6 s and the
+    # ack would have been refused.
+    assert (message.status, message.attempt_count) == ("succeeded", 1)
+
+
+def test_pruning_removes_only_old_finished_messages(fake_clock):
+    from django_delayq.retention import prune
+
+    old = enqueue("default", {}).message
+    Message.objects.filter(pk=old.pk).update(status="succeeded", finished_at=timezone.now() - timedelta(days=8))
+    recent = enqueue("default", {}).message
+    Message.objects.filter(pk=recent.pk).update(status="failed", finished_at=timezone.now())
+    pending = enqueue("default", {}).message
+    assert prune(batch_size=1) == 1
+    assert set(Message.objects.values_list("pk", flat=True)) == {recent.pk, pending.pk}
