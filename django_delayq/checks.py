@@ -30,34 +30,53 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             return []
         td = _duration(value)
         if td is None:
-            errors.append(Error(
-                f"{where}{name} must be a datetime.timedelta or a number of seconds, "
-                f"got {value!r}", id="django_delayq.E002"))
+            errors.append(
+                Error(
+                    f"{where}{name} must be a datetime.timedelta or a number of seconds, "
+                    f"got {value!r}",
+                    id="django_delayq.E002",
+                )
+            )
         elif td < timedelta(0) or (td == timedelta(0) and name != "RETENTION"):
-            errors.append(Error(f"{where}{name} must be positive, got {value!r}",
-                                id="django_delayq.E003"))
+            errors.append(
+                Error(f"{where}{name} must be positive, got {value!r}", id="django_delayq.E003")
+            )
     elif name in POSITIVE_INTS:
         if name == "BATCH_SIZE" and value is None:
             return []
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            errors.append(Error(f"{where}{name} must be a positive integer, got {value!r}",
-                                id="django_delayq.E004"))
+            errors.append(
+                Error(
+                    f"{where}{name} must be a positive integer, got {value!r}",
+                    id="django_delayq.E004",
+                )
+            )
     elif name == "MAX_PAYLOAD_SIZE":
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            errors.append(Error(f"{where}MAX_PAYLOAD_SIZE must be a positive integer or None, "
-                                f"got {value!r}", id="django_delayq.E004"))
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            errors.append(
+                Error(
+                    f"{where}MAX_PAYLOAD_SIZE must be a positive integer or None, got {value!r}",
+                    id="django_delayq.E004",
+                )
+            )
     elif name == "RETRY_POLICY":
         from django_delayq.retry import resolve_policy
 
         try:
             resolve_policy(value)
         except (ImportError, TypeError, ValueError) as exc:
-            errors.append(Error(f"{where}RETRY_POLICY is not usable: {exc}",
-                                id="django_delayq.E005"))
+            errors.append(
+                Error(f"{where}RETRY_POLICY is not usable: {exc}", id="django_delayq.E005")
+            )
     elif name == "NOTIFY":
         if not isinstance(value, bool):
-            errors.append(Error(f"{where}NOTIFY must be True or False, got {value!r}",
-                                id="django_delayq.E004"))
+            errors.append(
+                Error(
+                    f"{where}NOTIFY must be True or False, got {value!r}", id="django_delayq.E004"
+                )
+            )
     return errors
 
 
@@ -71,15 +90,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     errors: list[Error | Warning] = []
     for name, value in user.items():
         if name not in DEFAULTS and name not in KNOWN_EXTRA:
-            errors.append(Warning(f"DELAYQ[{name!r}] is not a known setting",
-                                  hint=f"known settings: {', '.join(sorted(DEFAULTS))}",
-                                  id="django_delayq.W001"))
+            errors.append(
+                Warning(
+                    f"DELAYQ[{name!r}] is not a known setting",
+                    hint=f"known settings: {', '.join(sorted(DEFAULTS))}",
+                    id="django_delayq.W001",
+                )
+            )
             continue
         errors.extend(_check_value(name, value, "DELAYQ: "))
     queues = user.get("QUEUES", {})
     if not isinstance(queues, dict):
-        errors.append(Error("DELAYQ['QUEUES'] must be a dict of queue name to overrides",
-                            id="django_delayq.E006"))
+        errors.append(
+            Error(
+                "DELAYQ['QUEUES'] must be a dict of queue name to overrides",
+                id="django_delayq.E006",
+            )
+        )
         return errors
     for queue, overrides in queues.items():
         where = f"DELAYQ['QUEUES'][{queue!r}]: "
@@ -88,9 +115,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             continue
         for name, value in overrides.items():
             if name not in QUEUE_KEYS:
-                errors.append(Error(f"{where}{name!r} cannot be set per queue",
-                                    hint=f"per-queue settings: {', '.join(QUEUE_KEYS)}",
-                                    id="django_delayq.E006"))
+                errors.append(
+                    Error(
+                        f"{where}{name!r} cannot be set per queue",
+                        hint=f"per-queue settings: {', '.join(QUEUE_KEYS)}",
+                        id="django_delayq.E006",
+                    )
+                )
                 continue
             errors.extend(_check_value(name, value, where))
     return errors

@@ -104,7 +104,9 @@ def claim(
         if not Message.objects.using(alias).filter(id__in=picked).update(**changes):
             return Claim(token, [])
     messages = list(
-        Message.objects.using(alias).filter(lock_token=token, status="running").order_by(*CLAIM_ORDER)
+        Message.objects.using(alias)
+        .filter(lock_token=token, status="running")
+        .order_by(*CLAIM_ORDER)
     )
     return Claim(token, messages)
 

@@ -47,7 +47,11 @@ def _clean(text: str) -> str:
 
 def describe(exc: BaseException) -> str:
     kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
     text = str(exc)
     return _clean(f"{name}: {text}" if text else name)
 
@@ -139,12 +143,21 @@ def _record_failure(
     if retry_at is None:
         logger.error(
             "message %s (%s/%s) failed after %s attempt(s): %s",
-            message.pk, message.queue, message.key, message.attempt_count, error,
+            message.pk,
+            message.queue,
+            message.key,
+            message.attempt_count,
+            error,
         )
         return Result.FAILED
     logger.warning(
         "message %s (%s/%s) attempt %s failed, retrying at %s: %s",
-        message.pk, message.queue, message.key, message.attempt_count, retry_at.isoformat(), error,
+        message.pk,
+        message.queue,
+        message.key,
+        message.attempt_count,
+        retry_at.isoformat(),
+        error,
     )
     return Result.RETRYING
 
@@ -153,6 +166,8 @@ def _lease_lost(message: Message) -> Result:
     logger.warning(
         "message %s (%s/%s): lease lost before the outcome was recorded; "
         "it is left to whoever holds it now",
-        message.pk, message.queue, message.key,
+        message.pk,
+        message.queue,
+        message.key,
     )
     return Result.LEASE_LOST

@@ -60,7 +60,11 @@ def check_payload(payload: Any, where: str = "") -> int:
                 stack.append((v, [*parts, f"[{i}]"]))
             continue
         kind = type(value)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
         raise TypeError(
             f"{where}{_path(parts)} is of type {name}, "
             "which is not JSON-serialisable (use str, int, float, bool, None, list or dict)"

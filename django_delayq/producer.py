@@ -282,7 +282,9 @@ def _upsert_returning(
     placeholder = "(" + ", ".join(["%s"] * len(cols)) + ")"
     params: list[Any] = []
     for row in rows:
-        params.extend(f.get_db_prep_save(getattr(row, f.attname), connection) for f in _INSERT_FIELDS)
+        params.extend(
+            f.get_db_prep_save(getattr(row, f.attname), connection) for f in _INSERT_FIELDS
+        )
     sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES " + ", ".join([placeholder] * len(rows))
     sql += f" ON CONFLICT ({qn('queue')}, {qn('key')}) "
     existing: set[str] = set()
@@ -385,15 +387,12 @@ def _select_then_write(
     qs = Message.objects.using(connection.alias)
     queue = rows[0].queue
     existing = {
-        m.key: m
-        for m in qs.select_for_update().filter(queue=queue, key__in=[r.key for r in rows])
+        m.key: m for m in qs.select_for_update().filter(queue=queue, key__in=[r.key for r in rows])
     }
     new = [r for r in rows if r.key not in existing]
     qs.bulk_create(new)
     created = {m.key: m for m in qs.filter(queue=queue, key__in=[r.key for r in new])}
-    out: dict[str, tuple[Outcome, Message]] = {
-        k: (Outcome.CREATED, m) for k, m in created.items()
-    }
+    out: dict[str, tuple[Outcome, Message]] = {k: (Outcome.CREATED, m) for k, m in created.items()}
     for row in rows:
         current = existing.get(row.key)
         if current is None:

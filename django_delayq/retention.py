@@ -31,7 +31,9 @@ def prune(
     batch = int(batch_size or config["PRUNE_BATCH_SIZE"])
     alias = using or router.db_for_write(Message)
     cutoff = clock.now() - retention
-    expired = Message.objects.using(alias).finished().in_queues(queues).filter(finished_at__lt=cutoff)
+    expired = (
+        Message.objects.using(alias).finished().in_queues(queues).filter(finished_at__lt=cutoff)
+    )
     total = 0
     batches = 0
     while max_batches is None or batches < max_batches:

@@ -27,7 +27,7 @@ from django.db.models import Min
 
 from django_delayq import claim, clock, retention
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.execute import Result, execute
+from django_delayq.execute import execute
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.wakeup import Waker
@@ -143,12 +143,15 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stopping:
-            logger.warning("second %s: not waiting for running handlers", signal.Signals(signum).name)
+            logger.warning(
+                "second %s: not waiting for running handlers", signal.Signals(signum).name
+            )
             self._force = True
         else:
             logger.info(
                 "%s received: finishing running messages (up to %.0f s), claiming no more",
-                signal.Signals(signum).name, self.shutdown_grace,
+                signal.Signals(signum).name,
+                self.shutdown_grace,
             )
         self.stop()
 
@@ -167,8 +170,15 @@ class Worker:
         self._waker = Waker(self.using, self.queues, listen=config["NOTIFY"] and not self.burst)
         logger.info(
             "worker %s consuming %s (concurrency %s, batch %s%s)",
-            self.name, ", ".join(self.queues), self.concurrency, self.batch_size,
-            ", burst" if self.burst else ", LISTEN/NOTIFY" if self._waker.listening else ", polling",
+            self.name,
+            ", ".join(self.queues),
+            self.concurrency,
+            self.batch_size,
+            ", burst"
+            if self.burst
+            else ", LISTEN/NOTIFY"
+            if self._waker.listening
+            else ", polling",
         )
         for i in range(self.concurrency):
             self._start_thread(self._executor_loop, f"delayq-executor-{i}")
@@ -366,8 +376,11 @@ class Worker:
             try:
                 released += claim.release(ids, token, started=started, using=self.using)
             except DatabaseError:
-                logger.warning("could not release %d message(s); they wait for their lease",
-                               len(ids), exc_info=True)
+                logger.warning(
+                    "could not release %d message(s); they wait for their lease",
+                    len(ids),
+                    exc_info=True,
+                )
         return released
 
     def _shutdown(self, keeper: threading.Thread) -> None:
@@ -392,7 +405,8 @@ class Worker:
             count = self._release(leftover, started=True)
             logger.warning(
                 "released %d message(s) still running after the grace period; "
-                "they will be redelivered", count,
+                "they will be redelivered",
+                count,
             )
         self._keeper_stop.set()
         keeper.join(timeout=5)

@@ -97,15 +97,18 @@ psql_q() {
 
 # initdb/pg_ctl refuse to run as root, so as root we run them as an
 # unprivileged OS user that owns the data directory.
+# fd 3 (our real stdout) is closed for these commands: otherwise the
+# postmaster started by pg_ctl inherits it and a caller doing
+# "$(ensure-postgres.sh)" would wait for the server to exit.
 PG_OS_USER=""
 run_pg() {
     if [[ $EUID -ne 0 ]]; then
-        "$@"
+        "$@" 3>&-
     elif command -v runuser >/dev/null 2>&1; then
         # cd / so the unprivileged user is not left in an unreadable cwd.
-        (cd / && runuser -u "$PG_OS_USER" -- "$@")
+        (cd / && runuser -u "$PG_OS_USER" -- "$@") 3>&-
     else
-        (cd / && su "$PG_OS_USER" -s /bin/bash -c "$(printf '%q ' "$@")")
+        (cd / && su "$PG_OS_USER" -s /bin/bash -c "$(printf '%q ' "$@")") 3>&-
     fi
 }
 

@@ -21,8 +21,12 @@ from django_delayq.worker import Worker
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05,
-             message: str = "condition") -> object:
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> object:
     """Poll ``predicate`` until it is truthy or the deadline passes."""
     deadline = time.monotonic() + timeout
     while True:

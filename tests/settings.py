@@ -22,7 +22,9 @@ ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _sqlite_path = os.path.join(tempfile.gettempdir(), f"delayq-tests-{os.getuid()}.sqlite3")
-DATABASES = {"default": env.db_url_config(os.environ.get("DATABASE_URL") or f"sqlite:///{_sqlite_path}")}
+DATABASES = {
+    "default": env.db_url_config(os.environ.get("DATABASE_URL") or f"sqlite:///{_sqlite_path}")
+}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so worker subprocesses and threads share it; WAL
@@ -79,5 +81,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_delayq": {"handlers": ["console"], "level": os.environ.get("DELAYQ_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "django_delayq": {
+            "handlers": ["console"],
+            "level": os.environ.get("DELAYQ_LOG_LEVEL", "WARNING"),
+        }
+    },
 }

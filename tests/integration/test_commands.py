@@ -22,10 +22,21 @@ def test_status_prints_counts_and_lag(fake_clock):
     enqueue("default", {}, key="later", delay=600)
     enqueue("other", {}, key="x")
     retrying = enqueue("default", {}, key="retrying").message
-    Message.objects.filter(pk=retrying.pk).update(attempt_count=1, next_attempt_time=timezone.now() + timedelta(minutes=10))
+    Message.objects.filter(pk=retrying.pk).update(
+        attempt_count=1, next_attempt_time=timezone.now() + timedelta(minutes=10)
+    )
     fake_clock.advance(90)
     lines = run("delayq_status").splitlines()
-    assert lines[0].split() == ["queue", "due", "scheduled", "running", "retrying", "failed", "succeeded", "lag"]
+    assert lines[0].split() == [
+        "queue",
+        "due",
+        "scheduled",
+        "running",
+        "retrying",
+        "failed",
+        "succeeded",
+        "lag",
+    ]
     default = next(line.split() for line in lines if line.startswith("default"))
     assert default[1:7] == ["1", "1", "0", "1", "0", "0"]
     assert default[7] == "90s"
@@ -38,7 +49,9 @@ def test_status_with_no_messages():
 
 def test_prune_command_deletes_old_finished_messages():
     message = enqueue("default", {}).message
-    Message.objects.filter(pk=message.pk).update(status="succeeded", finished_at=timezone.now() - timedelta(hours=2))
+    Message.objects.filter(pk=message.pk).update(
+        status="succeeded", finished_at=timezone.now() - timedelta(hours=2)
+    )
     assert "deleted 0" in run("delayq_prune")
     assert "deleted 1" in run("delayq_prune", "--older-than", "3600")
     assert not Message.objects.exists()

@@ -58,8 +58,14 @@ def test_update_with_identical_content_is_ignored():
 
 
 def test_update_revives_a_finished_message():
-    message = MessageFactory(key="k", status="failed", attempt_count=5, last_error="x",
-                             next_attempt_time=None, finished_at=timezone.now())
+    message = MessageFactory(
+        key="k",
+        status="failed",
+        attempt_count=5,
+        last_error="x",
+        next_attempt_time=None,
+        finished_at=timezone.now(),
+    )
     result = enqueue("default", {"v": 2}, key="k", on_conflict="update")
     assert result.outcome is Outcome.UPDATED
     message.refresh_from_db()
@@ -71,8 +77,13 @@ def test_update_of_a_running_message_revokes_its_token_but_waits_for_its_lease()
     import uuid
 
     lease_end = timezone.now() + timedelta(minutes=1)
-    message = MessageFactory(key="k", status="running", lock_token=uuid.uuid4(),
-                             next_attempt_time=lease_end, attempt_count=1)
+    message = MessageFactory(
+        key="k",
+        status="running",
+        lock_token=uuid.uuid4(),
+        next_attempt_time=lease_end,
+        attempt_count=1,
+    )
     enqueue("default", {"v": 2}, key="k", on_conflict="update")
     message.refresh_from_db()
     assert message.status == "pending"

@@ -233,7 +233,9 @@ def test_pruning_removes_only_old_finished_messages(fake_clock):
     from django_delayq.retention import prune
 
     old = enqueue("default", {}).message
-    Message.objects.filter(pk=old.pk).update(status="succeeded", finished_at=timezone.now() - timedelta(days=8))
+    Message.objects.filter(pk=old.pk).update(
+        status="succeeded", finished_at=timezone.now() - timedelta(days=8)
+    )
     recent = enqueue("default", {}).message
     Message.objects.filter(pk=recent.pk).update(status="failed", finished_at=timezone.now())
     pending = enqueue("default", {}).message

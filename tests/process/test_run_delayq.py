@@ -19,10 +19,15 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 def test_four_processes_of_three_threads_process_each_message_exactly_once(spawn_worker):
     results = enqueue_many("default", [{"n": i} for i in range(1500)])
-    workers = [spawn_worker("--queue", "default", "--concurrency", "3", "--batch-size", "5")
-               for _ in range(4)]
-    wait_for(lambda: not Message.objects.exclude(status="succeeded").exists(), timeout=240,
-             message="all 1500 messages to succeed")
+    workers = [
+        spawn_worker("--queue", "default", "--concurrency", "3", "--batch-size", "5")
+        for _ in range(4)
+    ]
+    wait_for(
+        lambda: not Message.objects.exclude(status="succeeded").exists(),
+        timeout=240,
+        message="all 1500 messages to succeed",
+    )
     for worker in workers:
         worker.signal(signal.SIGTERM)
     assert [w.wait() for w in workers] == [0, 0, 0, 0]
@@ -38,22 +43,30 @@ def test_sigkilled_worker_message_is_redelivered_after_the_lease(spawn_worker):
     message = enqueue("default", {"sleep": 60, "sleep_attempts": 1}).message
     env = {"DELAYQ_TEST_LEASE": "2"}
     victim = spawn_worker("--queue", "default", env=env)
-    wait_for(lambda: Execution.objects.filter(message_id=message.pk).exists(),
-             message="the first attempt to start")
+    wait_for(
+        lambda: Execution.objects.filter(message_id=message.pk).exists(),
+        message="the first attempt to start",
+    )
     victim.signal(signal.SIGKILL)
     victim.wait()
     held = Message.objects.get(pk=message.pk)
     assert held.status == "running" and held.attempt_count == 1
     rescuer = spawn_worker("--queue", "default", env=env)
-    wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", timeout=30,
-             message="the redelivered message to succeed")
+    wait_for(
+        lambda: Message.objects.get(pk=message.pk).status == "succeeded",
+        timeout=30,
+        message="the redelivered message to succeed",
+    )
     rescuer.signal(signal.SIGTERM)
     assert rescuer.wait() == 0
     message.refresh_from_db()
     assert message.attempt_count == 2
     assert message.is_redelivery
-    attempts = list(Execution.objects.filter(message_id=message.pk).order_by("attempt")
-                    .values_list("attempt", "finished"))
+    attempts = list(
+        Execution.objects.filter(message_id=message.pk)
+        .order_by("attempt")
+        .values_list("attempt", "finished")
+    )
     assert [a for a, _ in attempts] == [1, 2]
     assert attempts[0][1] is None and attempts[1][1] is not None
 
@@ -62,8 +75,10 @@ def test_sigterm_finishes_the_running_message_and_strands_nothing(spawn_worker):
     first = enqueue("default", {"sleep": 1.5}, priority=10).message
     rest = enqueue_many("default", [{}] * 30)
     worker = spawn_worker("--queue", "default", "--concurrency", "1", "--batch-size", "10")
-    wait_for(lambda: Execution.objects.filter(message_id=first.pk).exists(),
-             message="the slow message to start")
+    wait_for(
+        lambda: Execution.objects.filter(message_id=first.pk).exists(),
+        message="the slow message to start",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
     assert "SIGTERM received" in worker.output
@@ -78,8 +93,10 @@ def test_sigterm_finishes_the_running_message_and_strands_nothing(spawn_worker):
 def test_sigterm_releases_a_message_that_outlives_the_grace_period(spawn_worker):
     message = enqueue("default", {"sleep": 60}).message
     worker = spawn_worker("--queue", "default", env={"DELAYQ_TEST_GRACE": "0.5"})
-    wait_for(lambda: Execution.objects.filter(message_id=message.pk).exists(),
-             message="the message to start")
+    wait_for(
+        lambda: Execution.objects.filter(message_id=message.pk).exists(),
+        message="the message to start",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
     message.refresh_from_db()
@@ -90,8 +107,11 @@ def test_idle_worker_wakes_for_new_and_delayed_messages(spawn_worker):
     worker = spawn_worker("--queue", "default")
     for delay in (None, 1):
         message = enqueue("default", {}, delay=delay).message
-        wait_for(lambda m=message: Message.objects.get(pk=m.pk).status == "succeeded",
-                 timeout=20, message="the idle worker to pick up the message")
+        wait_for(
+            lambda m=message: Message.objects.get(pk=m.pk).status == "succeeded",
+            timeout=20,
+            message="the idle worker to pick up the message",
+        )
         ran = Execution.objects.get(message_id=message.pk)
         assert ran.started >= message.next_attempt_time
     worker.signal(signal.SIGINT)
@@ -99,8 +119,14 @@ def test_idle_worker_wakes_for_new_and_delayed_messages(spawn_worker):
 
 
 def test_burst_exits_zero_when_nothing_is_due(worker_env):
-    done = subprocess.run([sys.executable, "-m", "django", "run_delayq", "--burst"], cwd=ROOT,
-                          env=worker_env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayq", "--burst"],
+        cwd=ROOT,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "nothing due" in done.stdout
 
@@ -108,7 +134,11 @@ def test_burst_exits_zero_when_nothing_is_due(worker_env):
 def test_unknown_queue_fails_at_startup_with_a_clear_message(worker_env):
     done = subprocess.run(
         [sys.executable, "-m", "django", "run_delayq", "--queue", "nosuchqueue", "--burst"],
-        cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode != 0
     assert "no handler is registered for queue(s) 'nosuchqueue'" in done.stderr

@@ -11,9 +11,15 @@ class Execution(models.Model):
     started = models.DateTimeField()
     finished = models.DateTimeField(null=True)
 
+    def __str__(self) -> str:
+        return f"message {self.message_id} attempt {self.attempt}"
+
 
 class Effect(models.Model):
     """A business write made by an atomic handler (exactly-once checks)."""
 
     message_id = models.BigIntegerField()
     value = models.CharField(max_length=100, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"effect of message {self.message_id}"

@@ -39,7 +39,10 @@ def test_bad_settings_are_reported(value, expected):
 
 
 def test_bad_settings_fail_manage_check():
-    with override_settings(DELAYQ={"CONCURRENCY": -2}), pytest.raises(SystemCheckError, match="E004"):
+    with (
+        override_settings(DELAYQ={"CONCURRENCY": -2}),
+        pytest.raises(SystemCheckError, match="E004"),
+    ):
         call_command("check")
 
 

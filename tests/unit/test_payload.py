@@ -12,7 +12,9 @@ def test_plain_json_is_accepted():
 
 
 def test_non_serialisable_names_type_and_path():
-    with pytest.raises(TypeError, match=r"payload\['order'\]\['items'\]\[1\] is of type decimal.Decimal"):
+    with pytest.raises(
+        TypeError, match=r"payload\['order'\]\['items'\]\[1\] is of type decimal.Decimal"
+    ):
         check_payload({"order": {"items": [1, decimal.Decimal("2.5")]}})
 
 

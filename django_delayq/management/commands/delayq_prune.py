@@ -13,8 +13,13 @@ class Command(BaseCommand):
     help = "Delete finished messages older than DELAYQ['RETENTION'] (or --older-than)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
-                            help="Override the retention, in seconds.")
+        parser.add_argument(
+            "--older-than",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="Override the retention, in seconds.",
+        )
         parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
         parser.add_argument("--batch-size", type=int, default=None)
         parser.add_argument("--database", default=None)

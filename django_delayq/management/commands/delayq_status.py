@@ -33,7 +33,16 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         stats = queue_stats(options["queues"], using=options["database"])
         rows = [
-            (s.queue, s.due, s.scheduled, s.running, s.retrying, s.failed, s.succeeded, human(s.lag))
+            (
+                s.queue,
+                s.due,
+                s.scheduled,
+                s.running,
+                s.retrying,
+                s.failed,
+                s.succeeded,
+                human(s.lag),
+            )
             for s in stats
         ]
         if not rows:
@@ -42,7 +51,11 @@ class Command(BaseCommand):
         table = [COLUMNS, *[tuple(str(c) for c in row) for row in rows]]
         widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
         for n, row in enumerate(table):
-            self.stdout.write("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+            self.stdout.write(
+                "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )
             if n == 0:
                 self.stdout.write("  ".join("-" * w for w in widths))

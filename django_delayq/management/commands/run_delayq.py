@@ -26,19 +26,30 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--queue", "-q", action="append", dest="queues", metavar="QUEUE",
+            "--queue",
+            "-q",
+            action="append",
+            dest="queues",
+            metavar="QUEUE",
             help="Queue to consume (repeatable). Default: every queue with a handler.",
         )
         parser.add_argument(
-            "--concurrency", "-c", type=positive_int, default=None,
+            "--concurrency",
+            "-c",
+            type=positive_int,
+            default=None,
             help="Handler threads in this process (default: DELAYQ['CONCURRENCY']).",
         )
         parser.add_argument(
-            "--batch-size", "-b", type=positive_int, default=None,
+            "--batch-size",
+            "-b",
+            type=positive_int,
+            default=None,
             help="Messages claimed per round trip (default: DELAYQ['BATCH_SIZE']).",
         )
         parser.add_argument(
-            "--burst", action="store_true",
+            "--burst",
+            action="store_true",
             help="Process everything due now, then exit 0.",
         )
         parser.add_argument("--database", default=None, help="Database alias (default: router).")
@@ -74,4 +85,6 @@ class Command(BaseCommand):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 1 else logging.WARNING)
+        logger.setLevel(
+            logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 1 else logging.WARNING
+        )
