@@ -1,0 +1,1 @@
+"""Orders: the example app that produces and consumes django-delayq messages."""

@@ -1,0 +1,62 @@
+"""Consumers of the example's queues.
+
+django_delayq imports every installed app's ``handlers.py`` at start-up, so
+``manage.py run_delayq`` knows these before it claims anything.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django_delayq import Discard, handler
+from django_delayq.models import Message
+from orders.models import Order
+
+logger = logging.getLogger("orders")
+
+
+@handler("orders", kind="order.placed", atomic=True)
+def confirm_order(message: Message) -> None:
+    """Mark the order confirmed.
+
+    ``atomic=True``: this handler's writes and the message's acknowledgement
+    commit in one transaction, so the order is confirmed exactly when the
+    message is marked succeeded; if the worker dies halfway, both roll back
+    and the redelivered message simply does the work again.
+    """
+    order_id = message.payload["order_id"]
+    order = Order.objects.filter(pk=order_id).first()
+    if order is None:
+        # Retrying cannot make a missing order appear: give up at once (the
+        # message is kept as failed, with this reason, for an operator).
+        raise Discard(f"order #{order_id} does not exist")
+    if order.status == Order.Status.NEW:
+        order.status = Order.Status.CONFIRMED
+        order.save(update_fields=["status"])
+    logger.info("order #%s confirmed (%s, total %s)", order.pk, order.customer_email, order.total)
+
+
+class MailServerError(Exception):
+    """What a real mail client raises when the server refuses a message."""
+
+
+@handler("emails")
+def send_email(message: Message) -> None:
+    """Send an email (here: log it).
+
+    Not atomic (the default): a real implementation talks to a mail server,
+    which should not happen while a database transaction is held open. An
+    exception marks the attempt failed; the message is retried with backoff
+    and marked failed after DELAYQ["MAX_ATTEMPTS"] attempts.
+    """
+    to = message.payload["to"]
+    if to.endswith("@fail.example"):
+        raise MailServerError(f"550 mailbox unavailable: {to}")
+    late = (message.last_attempt_time - message.scheduled_time).total_seconds()
+    logger.info(
+        "email sent to %s: %r (%s, %.1f s after its due time)",
+        to,
+        message.payload.get("subject", ""),
+        message.key,
+        late,
+    )

@@ -1,0 +1,110 @@
+"""``manage.py seed_demo``: place a few orders and enqueue emails for the demo.
+
+Shows the producer side of django-delayq: an order and its messages in one
+transaction (and gone together on rollback), delayed delivery, a batch with
+``enqueue_many``, and keys that make a repeated enqueue harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from django_delayq import EnqueueResult, enqueue, enqueue_many
+from django_delayq.models import Message
+from orders.models import Order
+from orders.services import place_order
+
+CUSTOMERS = [
+    ("alice@example.com", "42.50"),
+    ("bob@example.com", "17.00"),
+    ("carol@example.com", "108.99"),
+    ("dave@example.com", "5.25"),
+    # Its emails are refused by the (pretend) mail server: retried, then failed.
+    ("broken@fail.example", "12.00"),
+]
+WELCOME_DELAY = 2
+NEWSLETTER_DELAY = 3
+
+
+class _Abort(Exception):
+    pass
+
+
+class Command(BaseCommand):
+    help = "Place demo orders and enqueue demo emails (see scripts/demo.sh)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        out = self.stdout.write
+        out("Placing orders (each order and its two messages in one transaction):")
+        for email, total in CUSTOMERS:
+            placed = place_order(email, total)
+            out(
+                f"  order #{placed.order.pk:<3} {email:<22} {placed.order.total:>7}   "
+                f"{describe(placed.confirmation)}, {describe(placed.follow_up)}"
+            )
+
+        out("Placing an order whose transaction then fails:")
+        try:
+            with transaction.atomic():
+                placed = place_order("rollback@example.com", "99.00")
+                raise _Abort
+        except _Abort:
+            pass
+        keys = [placed.confirmation.message.key, placed.follow_up.message.key]
+        out(
+            f"  rolled back: orders for rollback@example.com: "
+            f"{Order.objects.filter(customer_email='rollback@example.com').count()}, "
+            f"messages {' / '.join(keys)}: {Message.objects.filter(key__in=keys).count()}"
+        )
+
+        out(f"Welcome emails with enqueue() (due in {WELCOME_DELAY} s):")
+        for email, _ in CUSTOMERS[:3]:
+            result = enqueue(
+                "emails",
+                {"to": email, "subject": "Welcome to the shop!", "template": "welcome"},
+                key=f"welcome-{email}",
+                delay=WELCOME_DELAY,
+            )
+            out(f"  {describe(result)}")
+
+        recipients = [email for email, _ in CUSTOMERS[1:4]]
+        payloads = [
+            {"to": email, "subject": "Newsletter #42", "template": "newsletter"}
+            for email in recipients
+        ]
+        keys = [f"newsletter-42-{email}" for email in recipients]
+        out(f"Newsletter #42 with enqueue_many() (one batch, due in {NEWSLETTER_DELAY} s):")
+        for result in enqueue_many("emails", payloads, keys=keys, delay=NEWSLETTER_DELAY):
+            out(f"  {describe(result)}")
+
+        out("The same batch again, as a retried job would send it:")
+        results = enqueue_many("emails", payloads, keys=keys, delay=NEWSLETTER_DELAY)
+        out(f"  {', '.join(r.outcome.value for r in results)}  (the keys already exist)")
+
+        first = Order.objects.order_by("pk").first()
+        assert first is not None
+        result = enqueue(
+            "orders",
+            {"order_id": first.pk, "email": first.customer_email, "total": str(first.total)},
+            key=f"confirm-{first.pk}",
+            kind="order.placed",
+        )
+        out(
+            f"confirm-{first.pk} enqueued again: {result.outcome.value} "
+            f"(still one message, #{result.message.pk})"
+        )
+
+        out(f"Seeded {Order.objects.count()} orders and {Message.objects.count()} messages.")
+
+
+def describe(result: EnqueueResult) -> str:
+    """``orders/confirm-1 created`` (plus the delay for a future message)."""
+    message = result.message
+    text = f"{message.queue}/{message.key} {result.outcome.value}"
+    delay = (message.next_attempt_time - message.created_at).total_seconds()
+    if delay >= 0.5:
+        text += f" (due in {delay:.0f} s)"
+    return text

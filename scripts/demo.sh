@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Run the example project end to end on its SQLite default:
+#
+#   scripts/demo.sh [PYTHON]      (PYTHON: the virtualenv's python, default .venv/bin/python)
+#
+# A fresh database, migrations, demo orders and emails (seed_demo), then a
+# worker (run_delayq --concurrency 2) in the background until every message
+# has succeeded or failed, a SIGTERM for a graceful shutdown, and a summary:
+# delayed messages started no earlier than their due time, the atomic order
+# handler confirmed every order, and the email to broken@fail.example was
+# retried and then marked failed. Exits non-zero if the worker did not stop
+# cleanly or the queue did not drain in time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${1:-.venv/bin/python}"
+# We cd into example_project/ below: make a relative interpreter path absolute
+# (without resolving symlinks, which would step out of the virtualenv).
+if [[ "$PY" == */* && "$PY" != /* ]]; then
+  PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+fi
+DEADLINE_SECONDS="${DEMO_DEADLINE:-60}"
+
+# The demo always uses the example project's SQLite file, which it recreates,
+# even if DATABASE_URL points somewhere else in this shell.
+unset DATABASE_URL
+export PYTHONUNBUFFERED=1
+
+cd example_project
+
+step() { printf '\n=== %s\n' "$*"; }
+manage() { "$PY" manage.py "$@"; }
+# Run a Python snippet with Django set up (no automatic imports, no banner).
+django_py() { "$PY" manage.py shell --no-imports -v 0 -c "$1"; }
+
+worker_pid=""
+cleanup() {
+  if [[ -n "$worker_pid" ]] && kill -0 "$worker_pid" 2>/dev/null; then
+    kill -TERM "$worker_pid" 2>/dev/null || true
+    wait "$worker_pid" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+
+step "fresh database: migrate"
+rm -f db.sqlite3 db.sqlite3-wal db.sqlite3-shm
+manage migrate --no-input -v 0
+echo "migrated $(pwd)/db.sqlite3"
+
+step "seed_demo: produce orders and messages"
+manage seed_demo
+
+step "delayq_status before the worker starts"
+manage delayq_status
+
+step "run_delayq --concurrency 2 (in the background; its log follows)"
+# Started directly (not through a shell function, which would fork a subshell)
+# so that $! is the worker itself and our SIGTERM reaches it; its log goes to
+# stdout so that it interleaves with this script's output.
+"$PY" manage.py run_delayq --concurrency 2 2>&1 &
+worker_pid=$!
+
+ACTIVE_PY='
+import sys
+from django_delayq.models import Message
+sys.exit(1 if Message.objects.active().exists() else 0)
+'
+started=$SECONDS
+drained=0
+while (( SECONDS - started < DEADLINE_SECONDS )); do
+  sleep 1
+  if ! kill -0 "$worker_pid" 2>/dev/null; then
+    echo "demo: the worker exited on its own" >&2
+    break
+  fi
+  if django_py "$ACTIVE_PY"; then
+    drained=1
+    break
+  fi
+done
+if (( drained )); then
+  echo "demo: no message pending or running after $(( SECONDS - started )) s; stopping the worker"
+else
+  echo "demo: messages still pending or running; stopping the worker" >&2
+fi
+
+worker_rc=0
+if kill -0 "$worker_pid" 2>/dev/null; then
+  kill -TERM "$worker_pid"
+fi
+wait "$worker_pid" || worker_rc=$?
+worker_pid=""
+echo "demo: worker exited with status $worker_rc"
+
+step "delayq_status after the run"
+manage delayq_status
+
+step "what happened"
+SUMMARY_PY='
+import sys
+from django_delayq.models import Message
+from orders.models import Order
+
+def secs(start, end):
+    return f"+{(end - start).total_seconds():.1f}s" if start and end else "-"
+
+rows = [("queue", "key", "status", "tries", "due", "started", "done", "last error")]
+early = []
+for m in Message.objects.order_by("scheduled_time", "id"):
+    rows.append((
+        m.queue, m.key, m.status, str(m.attempt_count),
+        secs(m.created_at, m.scheduled_time),
+        secs(m.created_at, m.last_attempt_time),
+        secs(m.created_at, m.finished_at),
+        m.error_summary(),
+    ))
+    if m.attempt_count and m.last_attempt_time < m.scheduled_time:
+        early.append(m.key)
+widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+print("Messages (times relative to enqueue; started = last attempt):")
+for r in rows:
+    print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+print()
+print("Orders (confirmed by the atomic order.placed handler):")
+for o in Order.objects.all():
+    print(f"  #{o.pk:<3} {o.customer_email:<22} {o.total:>7}  {o.status}")
+
+counts = {s: Message.objects.filter(status=s).count() for s in Message.Status.values}
+print()
+print("Totals: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+problems = []
+if early:
+    problems.append(f"started before their due time: {early}")
+if Order.objects.exclude(status=Order.Status.CONFIRMED).exists():
+    problems.append("some orders are not confirmed")
+if counts["pending"] or counts["running"]:
+    problems.append("some messages are still pending or running")
+for p in problems:
+    print("PROBLEM: " + p)
+if not problems:
+    print("Every message started at or after its due time; every order is confirmed.")
+sys.exit(1 if problems else 0)
+'
+summary_rc=0
+django_py "$SUMMARY_PY" || summary_rc=$?
+
+if (( worker_rc != 0 )); then
+  echo "demo: FAILED: the worker exited with status $worker_rc" >&2
+  exit "$worker_rc"
+fi
+if (( ! drained || summary_rc != 0 )); then
+  echo "demo: FAILED" >&2
+  exit 1
+fi
+echo
+echo "demo: OK. Browse it with: cd example_project && $PY manage.py createsuperuser && $PY manage.py runserver  (then /admin/)"
