@@ -119,7 +119,7 @@ for m in Message.objects.order_by("scheduled_time", "id"):
 widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
 print("Messages (times relative to enqueue; started = last attempt):")
 for r in rows:
-    print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    print(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
 
 print()
 print("Orders (confirmed by the atomic order.placed handler):")
