@@ -30,8 +30,13 @@ def reset_database(url: str) -> None:
         return
     import psycopg
 
-    admin = dict(host=config["HOST"] or "127.0.0.1", port=config["PORT"] or 5432,
-                 user=config["USER"] or "postgres", dbname="postgres", autocommit=True)
+    admin = dict(
+        host=config["HOST"] or "127.0.0.1",
+        port=config["PORT"] or 5432,
+        user=config["USER"] or "postgres",
+        dbname="postgres",
+        autocommit=True,
+    )
     if config["PASSWORD"]:
         admin["password"] = config["PASSWORD"]
     with psycopg.connect(**admin) as conn:
@@ -49,7 +54,9 @@ def main() -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     reset_database(url)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], check=True, env=env, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v0"], check=True, env=env, cwd=ROOT
+    )
 
     import django
 
@@ -68,15 +75,29 @@ def main() -> None:
         Message.objects.all().delete()
         enqueue_many("noop", [{"n": i} for i in range(n)])
         batch = args.batch_size or max(concurrency, 10)
-        command = [sys.executable, "-m", "django", "run_delayq", "--burst", "--queue", "noop",
-                   "--concurrency", str(concurrency), "--batch-size", str(batch), "-v0"]
+        command = [
+            sys.executable,
+            "-m",
+            "django",
+            "run_delayq",
+            "--burst",
+            "--queue",
+            "noop",
+            "--concurrency",
+            str(concurrency),
+            "--batch-size",
+            str(batch),
+            "-v0",
+        ]
         start = time.perf_counter()
         subprocess.run(command, check=True, env=env, cwd=ROOT)
         elapsed = time.perf_counter() - start
         done = Message.objects.filter(status="succeeded").count()
         assert done == n, f"only {done} of {n} succeeded"
-        print(f"process c={concurrency} b={batch:<3}  {n / elapsed:10,.0f} messages/s  "
-              f"({elapsed:.2f} s, includes process start-up)")
+        print(
+            f"process c={concurrency} b={batch:<3}  {n / elapsed:10,.0f} messages/s  "
+            f"({elapsed:.2f} s, includes process start-up)"
+        )
 
 
 if __name__ == "__main__":
