@@ -74,6 +74,8 @@ DELAYQ = {
 }
 if os.environ.get("DELAYQ_TEST_LEASE"):
     DELAYQ["LEASE"] = float(os.environ["DELAYQ_TEST_LEASE"])
+if os.environ.get("DELAYQ_TEST_POLL"):
+    DELAYQ["POLL_INTERVAL"] = float(os.environ["DELAYQ_TEST_POLL"])
 if os.environ.get("DELAYQ_TEST_GRACE"):
     DELAYQ["SHUTDOWN_GRACE"] = float(os.environ["DELAYQ_TEST_GRACE"])
 

@@ -216,17 +216,26 @@ def test_claim_only_takes_the_workers_queues():
 
 
 def test_lease_is_extended_while_a_long_handler_runs(run_worker, settings):
-    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.6}
-    from django_delayq.registry import registry
-
-    message = enqueue("default", {"sleep": 2}).message
-    spec = registry.lookup("default", "")
-    assert spec.effective_lease() == timedelta(seconds=0.6)
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 1.5}
+    message = enqueue("default", {"sleep": 4}).message
     run_worker(["default"])
     message.refresh_from_db()
-    # Without extension the lease would have expired after 0.6 s and the
-    # ack would have been refused.
+    # Without extension the lease would have expired after 1.5 s and the
+    # acknowledgement (a compare-and-set on the lease) would have been refused.
     assert (message.status, message.attempt_count) == ("succeeded", 1)
+
+
+def test_without_extension_a_long_handler_loses_its_lease(run_worker, settings, monkeypatch):
+    from django_delayq.execute import Result
+    from django_delayq.worker import Worker
+
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.5}
+    monkeypatch.setattr(Worker, "_extend_leases", lambda self: None)
+    message = enqueue("default", {"sleep": 1.5}).message
+    stats = run_worker(["default"])
+    assert stats[Result.LEASE_LOST] == 1
+    message.refresh_from_db()
+    assert message.status == "running"  # left to whoever claims it next
 
 
 def test_pruning_removes_only_old_finished_messages(fake_clock):

@@ -1,0 +1,68 @@
+"""Wake-up: NOTIFY is sent on commit only, and an idle worker acts on it."""
+
+import json
+import signal
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from django_delayq import enqueue
+from django_delayq.models import Message
+from django_delayq.producer import NOTIFY_CHANNEL
+from tests.conftest import wait_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif("connection.vendor != 'postgresql'", reason="LISTEN/NOTIFY is PostgreSQL's"),
+]
+
+
+@pytest.fixture
+def listener():
+    params = {k: v for k, v in connection.get_connection_params().items()
+              if k not in ("cursor_factory", "context", "prepare_threshold")}
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+    yield conn
+    conn.close()
+
+
+def received(conn, timeout=0.5):
+    return [json.loads(n.payload) for n in conn.notifies(timeout=timeout)]
+
+
+def test_notify_is_sent_on_commit_with_queue_and_due_time(listener):
+    with transaction.atomic():
+        message = enqueue("default", {}, delay=30).message
+        assert received(listener, timeout=0.2) == []  # not before commit
+    notes = received(listener)
+    assert [n["queue"] for n in notes] == ["default"]
+    assert notes[0]["due"] == pytest.approx(message.next_attempt_time.timestamp())
+
+
+def test_rollback_sends_no_notify(listener):
+    with transaction.atomic():
+        enqueue("default", {})
+        transaction.set_rollback(True)
+    assert received(listener) == []
+
+
+def test_ignored_duplicate_sends_no_notify(listener):
+    enqueue("default", {}, key="k")
+    received(listener)
+    enqueue("default", {}, key="k")
+    assert received(listener) == []
+
+
+def test_idle_worker_is_woken_by_notify_long_before_its_poll(spawn_worker, settings):
+    # A 120 s poll interval: only the notification can explain a quick pickup.
+    worker = spawn_worker("--queue", "default", env={"DELAYQ_TEST_POLL": "120"})
+    warm = enqueue("default", {}).message  # proves the worker is up and listening
+    wait_for(lambda: Message.objects.get(pk=warm.pk).status == "succeeded", timeout=30,
+             message="the worker to start")
+    message = enqueue("default", {}).message
+    wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", timeout=20,
+             message="the notified worker to pick the message up")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
