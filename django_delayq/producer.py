@@ -278,7 +278,7 @@ def _upsert_returning(
     """
     qn = connection.ops.quote_name
     table = qn(Message._meta.db_table)
-    cols = [qn(f.column) for f in _INSERT_FIELDS]
+    cols = [qn(str(f.column)) for f in _INSERT_FIELDS]
     placeholder = "(" + ", ".join(["%s"] * len(cols)) + ")"
     params: list[Any] = []
     for row in rows:
@@ -300,7 +300,7 @@ def _upsert_returning(
             )
     else:
         sql += "DO NOTHING"
-    returning = ", ".join(f"{table}.{qn(f.column)}" for f in _ALL_FIELDS)
+    returning = ", ".join(f"{table}.{qn(str(f.column))}" for f in _ALL_FIELDS)
     if connection.vendor == "postgresql":
         returning += ", (xmax = 0)"
     sql += f" RETURNING {returning}"

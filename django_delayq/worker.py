@@ -112,7 +112,9 @@ class Worker:
         self.lanes = self._make_lanes(specs)
         self.stats: Counter[str] = Counter()
         self._cond = threading.Condition()
-        self._held: dict[int, Held] = {}
+        # Keyed by (id, token): after a lease expired, this very worker may
+        # claim the message again while the stale attempt is still running.
+        self._held: dict[tuple[int, uuid.UUID], Held] = {}
         self._stopping = False
         self._force = False
         self._threads: list[threading.Thread] = []
@@ -243,7 +245,7 @@ class Worker:
                     lease = self.leases.get((message.queue, message.kind)) or self.leases.get(
                         (message.queue, None), self.default_lease
                     )
-                    self._held[message.pk] = Held(result.token, lease, lane)
+                    self._held[(message.pk, result.token)] = Held(result.token, lease, lane)
                     lane.buffer.append((message, result.token))
                     lane.held += 1
                 self._cond.notify_all()
@@ -279,7 +281,7 @@ class Worker:
                     if lane.buffer and lane.running < lane.cap:
                         message, token = lane.buffer.popleft()
                         lane.running += 1
-                        self._held[message.pk].started = True
+                        self._held[(message.pk, token)].started = True
                         return message, token, lane
                 self._cond.wait()
 
@@ -289,7 +291,7 @@ class Worker:
                 message, token, lane = item
                 result = self._run_one(message, token)
                 with self._cond:
-                    self._held.pop(message.pk, None)
+                    self._held.pop((message.pk, token), None)
                     lane.running -= 1
                     lane.held -= 1
                     self.stats[result] += 1
@@ -338,7 +340,7 @@ class Worker:
     def _extend_leases(self) -> None:
         groups: dict[tuple[uuid.UUID, timedelta], list[int]] = defaultdict(list)
         with self._cond:
-            for pk, held in self._held.items():
+            for (pk, _), held in self._held.items():
                 groups[(held.token, held.lease)].append(pk)
         for (token, lease), ids in groups.items():
             kept = claim.extend(ids, token, lease, using=self.using)
@@ -346,7 +348,7 @@ class Worker:
                 continue
             # Messages settled while we were extending are not losses.
             with self._cond:
-                still_held = sum(1 for pk in ids if pk in self._held)
+                still_held = sum(1 for pk in ids if (pk, token) in self._held)
             if still_held > kept:
                 logger.warning(
                     "%d held message(s) were no longer ours when extending their lease "
@@ -388,7 +390,9 @@ class Worker:
     def _shutdown(self, keeper: threading.Thread) -> None:
         with self._cond:
             self._stopping = True
-            waiting = [(m.pk, self._held.pop(m.pk)) for lane in self.lanes for m, _ in lane.buffer]
+            waiting = [
+                (m.pk, self._held.pop((m.pk, token))) for lane in self.lanes for m, token in lane.buffer
+            ]
             for lane in self.lanes:
                 lane.held -= len(lane.buffer)
                 lane.buffer.clear()
@@ -401,7 +405,7 @@ class Worker:
             while thread.is_alive() and not self._force and time.monotonic() < deadline:
                 thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
         with self._cond:
-            leftover = list(self._held.items())
+            leftover = [(pk, held) for (pk, _), held in self._held.items()]
             self._held.clear()
         if leftover:
             count = self._release(leftover, started=True)

@@ -45,6 +45,7 @@ ensure_venv() {
 run_checks() {
   log "lint and Django checks"
   "$VENV/bin/ruff" check django_delayq tests example_project benchmarks
+  "$VENV/bin/mypy" django_delayq
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
 }
