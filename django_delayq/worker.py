@@ -391,7 +391,9 @@ class Worker:
         with self._cond:
             self._stopping = True
             waiting = [
-                (m.pk, self._held.pop((m.pk, token))) for lane in self.lanes for m, token in lane.buffer
+                (m.pk, self._held.pop((m.pk, token)))
+                for lane in self.lanes
+                for m, token in lane.buffer
             ]
             for lane in self.lanes:
                 lane.held -= len(lane.buffer)

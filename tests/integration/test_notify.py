@@ -20,8 +20,11 @@ pytestmark = [
 
 @pytest.fixture
 def listener():
-    params = {k: v for k, v in connection.get_connection_params().items()
-              if k not in ("cursor_factory", "context", "prepare_threshold")}
+    params = {
+        k: v
+        for k, v in connection.get_connection_params().items()
+        if k not in ("cursor_factory", "context", "prepare_threshold")
+    }
     conn = psycopg.connect(**params, autocommit=True)
     conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
     yield conn
@@ -59,10 +62,16 @@ def test_idle_worker_is_woken_by_notify_long_before_its_poll(spawn_worker, setti
     # A 120 s poll interval: only the notification can explain a quick pickup.
     worker = spawn_worker("--queue", "default", env={"DELAYQ_TEST_POLL": "120"})
     warm = enqueue("default", {}).message  # proves the worker is up and listening
-    wait_for(lambda: Message.objects.get(pk=warm.pk).status == "succeeded", timeout=30,
-             message="the worker to start")
+    wait_for(
+        lambda: Message.objects.get(pk=warm.pk).status == "succeeded",
+        timeout=30,
+        message="the worker to start",
+    )
     message = enqueue("default", {}).message
-    wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", timeout=20,
-             message="the notified worker to pick the message up")
+    wait_for(
+        lambda: Message.objects.get(pk=message.pk).status == "succeeded",
+        timeout=20,
+        message="the notified worker to pick the message up",
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
