@@ -42,6 +42,15 @@ ensure_venv() {
   "$PY" -m pip install -q -e ".[postgres,test,example,dev]"
 }
 
+ensure_chromium() {
+  # The admin's browser tests drive Debian's Chromium through Playwright
+  # (Playwright's own browser download is not used).
+  if [ -z "${DELAYQ_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
+    log "installing Debian's chromium for the browser tests"
+    apt_install chromium chromium-driver
+  fi
+}
+
 run_checks() {
   log "lint and Django checks"
   "$VENV/bin/ruff" check django_delayq tests example_project benchmarks
@@ -62,7 +71,7 @@ run_suite() {
 
 case "${1:-}" in
   venv) ensure_venv ;;
-  test) shift; ensure_venv; run_checks; run_suite "$@" ;;
+  test) shift; ensure_venv; ensure_chromium; run_checks; run_suite "$@" ;;
   suite) shift; run_suite "$@" ;;
   demo) ensure_venv; scripts/demo.sh "$PY" ;;
   *) echo "usage: $0 venv|test|suite|demo" >&2; exit 2 ;;

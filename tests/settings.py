@@ -19,6 +19,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _sqlite_path = os.path.join(tempfile.gettempdir(), f"delayq-tests-{os.getuid()}.sqlite3")
@@ -44,6 +45,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_delayq",
     "tests.testapp",
 ]
