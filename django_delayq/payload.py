@@ -21,7 +21,12 @@ def _path(parts: list[str]) -> str:
 
 
 def check_payload(payload: Any, where: str = "") -> int:
-    """Raise ``TypeError``/``ValueError`` naming the offending path; return the encoded size.
+    """Raise ``TypeError``/``ValueError`` naming the offending path; return the encoded size."""
+    return len(encode_payload(payload, where).encode())
+
+
+def encode_payload(payload: Any, where: str = "") -> str:
+    """Check ``payload`` and return its JSON text (what the database will store).
 
     Refused: anything JSON cannot hold (with its type and path), non-string
     keys, NaN and infinities (not JSON, and PostgreSQL's jsonb rejects them),
@@ -69,10 +74,12 @@ def check_payload(payload: Any, where: str = "") -> int:
             f"{where}{_path(parts)} is of type {name}, "
             "which is not JSON-serialisable (use str, int, float, bool, None, list or dict)"
         )
-    size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
     limit = get_config()["MAX_PAYLOAD_SIZE"]
-    if limit and size > limit:
-        raise ValueError(
-            f"{where}payload is {size} bytes encoded, over DELAYQ['MAX_PAYLOAD_SIZE'] ({limit})"
-        )
-    return size
+    if limit and len(text) * 4 > limit:  # cheap bound first: UTF-8 is at most 4 bytes a char
+        size = len(text.encode())
+        if size > limit:
+            raise ValueError(
+                f"{where}payload is {size} bytes encoded, over DELAYQ['MAX_PAYLOAD_SIZE'] ({limit})"
+            )
+    return text

@@ -26,7 +26,7 @@ from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
-from django_delayq.payload import check_payload
+from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_queue_name
 
 OnConflict = Literal["ignore", "update", "error"]
@@ -183,10 +183,11 @@ def enqueue_many(
         if len(key_list) != len(payloads):
             raise ValueError(f"got {len(payloads)} payloads but {len(key_list)} keys")
     many = len(payloads) > 1
+    encoded: list[str] = []
     for i, (k, p) in enumerate(zip(key_list, payloads, strict=True)):
         where = f"message {i}: " if many else ""
         _check_key(k, where)
-        check_payload(p, where)
+        encoded.append(encode_payload(p, where))
     _check_priority(priority)
     max_attempts = _check_max_attempts(max_attempts)
     _check_on_conflict(on_conflict)
@@ -204,31 +205,45 @@ def enqueue_many(
                 raise DuplicateMessage(queue, [k])
             if on_conflict == "update":
                 payloads[first_index[k]] = payloads[i]
+                encoded[first_index[k]] = encoded[i]
         else:
             first_index[k] = i
 
-    rows = [
-        Message(
-            queue=queue,
-            key=k,
-            kind=kind,
-            payload=payloads[i],
-            status=Message.Status.PENDING,
-            priority=priority,
-            next_attempt_time=due,
-            scheduled_time=due,
-            max_attempts=max_attempts,
-            created_at=now,
-            updated_at=now,
-        )
-        for k, i in first_index.items()
-    ]
+    template = Message(
+        queue=queue,
+        key="",
+        kind=kind,
+        payload=None,
+        status=Message.Status.PENDING,
+        priority=priority,
+        next_attempt_time=due,
+        scheduled_time=due,
+        max_attempts=max_attempts,
+        created_at=now,
+        updated_at=now,
+    )
     alias = using or router.db_for_write(Message)
     connection = connections[alias]
     outcomes: dict[str, tuple[Outcome, Message]] = {}
     with transaction.atomic(using=alias, savepoint=on_conflict == "error"):
-        for start in range(0, len(rows), CHUNK_SIZE):
-            outcomes.update(_write_chunk(connection, rows[start : start + CHUNK_SIZE], on_conflict))
+        if on_conflict != "update" and _supports_upsert_returning(connection):
+            keys_in_order = list(first_index)
+            for start in range(0, len(keys_in_order), FAST_CHUNK_SIZE):
+                chunk = keys_in_order[start : start + FAST_CHUNK_SIZE]
+                outcomes.update(
+                    _insert_new(
+                        connection,
+                        template,
+                        chunk,
+                        [encoded[first_index[k]] for k in chunk],
+                        [payloads[first_index[k]] for k in chunk],
+                    )
+                )
+        else:
+            rows = [_row(template, k, payloads[i]) for k, i in first_index.items()]
+            for start in range(0, len(rows), CHUNK_SIZE):
+                chunk_rows = rows[start : start + CHUNK_SIZE]
+                outcomes.update(_write_chunk(connection, chunk_rows, on_conflict))
         if on_conflict == "error":
             clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
             if clashes:
@@ -246,6 +261,85 @@ def enqueue_many(
 
 
 # -- writing ------------------------------------------------------------------
+
+# Rows per statement on the fast path, where rows travel as two arrays (or one
+# JSON document) rather than as bound parameters each.
+FAST_CHUNK_SIZE = 5000
+
+
+def _row(template: Message, key: str, payload: Any, pk: int | None = None) -> Message:
+    """A copy of ``template`` for one message, without running ``Model.__init__``."""
+    message = Message.__new__(Message)
+    message.__dict__.update({k: v for k, v in template.__dict__.items() if k != "_state"})
+    message._state = type(template._state)()
+    message.key = key
+    message.payload = payload
+    if pk is not None:
+        message.pk = pk
+        message._state.adding = False
+    return message
+
+
+def _insert_new(
+    connection: BaseDatabaseWrapper,
+    template: Message,
+    keys: list[str],
+    encoded: list[str],
+    payloads: list[Any],
+) -> dict[str, tuple[Outcome, Message]]:
+    """Insert the keys that are new, in one statement; existing keys are IGNORED.
+
+    Only the key and the payload differ between the messages of one call, so
+    they travel as two arrays (PostgreSQL ``unnest``) or one JSON document
+    (SQLite ``json_each``) and every other column is a single parameter: the
+    statement stays small whatever the batch size, and neither Django nor the
+    driver has to handle thousands of placeholders.
+    """
+    qn = connection.ops.quote_name
+    table = qn(Message._meta.db_table)
+    postgres = connection.vendor == "postgresql"
+    columns: list[str] = []
+    values: list[str] = []
+    params: list[Any] = []
+    for field in _INSERT_FIELDS:
+        columns.append(qn(str(field.column)))
+        if field.name == "key":
+            values.append("u.k" if postgres else "json_extract(u.value, '$[0]')")
+        elif field.name == "payload":
+            values.append("u.p::jsonb" if postgres else "json_extract(u.value, '$[1]')")
+        else:
+            cast = f"::{field.db_type(connection)}" if postgres else ""
+            values.append(f"%s{cast}")
+            params.append(field.get_db_prep_save(getattr(template, field.attname), connection))
+    if postgres:
+        source = "unnest(%s::text[], %s::text[]) AS u(k, p)"
+        params.extend([keys, encoded])
+    else:
+        source = "json_each(%s) AS u"
+        params.append(json.dumps([[k, e] for k, e in zip(keys, encoded, strict=True)]))
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {source} "
+        # SQLite needs a WHERE to tell the upsert clause from a join condition.
+        f"{'' if postgres else 'WHERE true '}"
+        f"ON CONFLICT ({qn('queue')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}, {qn('key')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        created = dict((key, pk) for pk, key in cursor.fetchall())
+    out: dict[str, tuple[Outcome, Message]] = {}
+    for key, payload in zip(keys, payloads, strict=True):
+        if key in created:
+            out[key] = (Outcome.CREATED, _row(template, key, payload, created[key]))
+            out[key][1]._state.db = connection.alias
+    missing = [k for k in keys if k not in created]
+    if missing:
+        found = Message.objects.using(connection.alias).filter(
+            queue=template.queue, key__in=missing
+        )
+        for message in found:
+            out[message.key] = (Outcome.IGNORED, message)
+    return out
+
 
 _INSERT_FIELDS = [f for f in Message._meta.concrete_fields if not f.primary_key]
 _ALL_FIELDS = list(Message._meta.concrete_fields)
@@ -351,11 +445,17 @@ def _update_clause(connection: BaseDatabaseWrapper, table: str) -> str:
         "lock_token": "NULL",
         "status": "'pending'",
     }
+    # SQLite keeps JSON as text: compare the minified forms, not the spelling.
+    payload_cmp = (
+        f"{table}.{c('payload')} {distinct} excluded.{c('payload')}"
+        if connection.vendor == "postgresql"
+        else f"json({table}.{c('payload')}) IS NOT json(excluded.{c('payload')})"
+    )
     changed = " OR ".join(
-        [f"{table}.{c('status')} <> 'pending'"]
+        [f"{table}.{c('status')} <> 'pending'", payload_cmp]
         + [
             f"{table}.{c(name)} {distinct} excluded.{c(name)}"
-            for name in ("payload", "kind", "priority", "max_attempts", "next_attempt_time")
+            for name in ("kind", "priority", "max_attempts", "next_attempt_time")
         ]
     )
     assignments = ", ".join(f"{c(k)} = {v}" for k, v in sets.items())
