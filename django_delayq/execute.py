@@ -95,6 +95,19 @@ def execute(message: Message, token: uuid.UUID, *, using: str) -> Result:
         return _record_failure(message, token, None, exc, "", using)
 
     assert spec is not None
+    limit = _max_attempts(message, spec)
+    if message.attempt_count > limit:
+        # The previous attempts ended without an outcome (the worker was
+        # killed, or the message outlived its lease): a message that kills its
+        # worker must not be redelivered forever.
+        error = (
+            f"gave up: attempt {message.attempt_count - 1} of {limit} ended without an "
+            "outcome (worker crash or lease expiry)"
+        )
+        if not claim.fail(message.pk, token, error=error, retry_at=None, using=using):
+            return _lease_lost(message)
+        logger.error("message %s (%s/%s) %s", message.pk, message.queue, message.key, error)
+        return Result.FAILED
     try:
         if spec.atomic:
             with transaction.atomic(using=using):

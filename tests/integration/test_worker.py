@@ -252,3 +252,17 @@ def test_pruning_removes_only_old_finished_messages(fake_clock):
     pending = enqueue("default", {}).message
     assert prune(batch_size=1) == 1
     assert set(Message.objects.values_list("pk", flat=True)) == {recent.pk, pending.pk}
+
+
+def test_a_message_that_keeps_killing_its_worker_stops_after_max_attempts(run_worker):
+    message = enqueue("other", {}).message  # the handler allows 2 attempts
+    for worker in ("w1", "w2"):  # two attempts that never report (crashed workers)
+        claim.claim(["other"], 1, worker=worker, lease=timedelta(seconds=-1))
+    stats = run_worker(["other"])
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("failed", 3)
+    assert message.last_error == (
+        "gave up: attempt 2 of 2 ended without an outcome (worker crash or lease expiry)"
+    )
+    assert stats[Result.FAILED] == 1
+    assert not Execution.objects.exists()  # the handler did not run a third time
