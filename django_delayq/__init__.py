@@ -5,13 +5,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Discard", "EnqueueResult", "Outcome", "Retry", "enqueue", "enqueue_many", "handler"]
+__all__ = [
+    "Discard",
+    "EnqueueResult",
+    "Outcome",
+    "Retry",
+    "enqueue",
+    "enqueue_many",
+    "handler",
+    "schedule",
+    "tick_of",
+]
 
 from django_delayq.exceptions import Discard, Retry
 
 if TYPE_CHECKING:
     from django_delayq.producer import EnqueueResult, Outcome, enqueue, enqueue_many
     from django_delayq.registry import handler
+    from django_delayq.scheduling import schedule, tick_of
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +37,8 @@ def __getattr__(name: str) -> Any:
         from django_delayq.registry import handler
 
         return handler
+    if name in ("schedule", "tick_of"):
+        from django_delayq import scheduling
+
+        return getattr(scheduling, name)
     raise AttributeError(f"module 'django_delayq' has no attribute {name!r}")

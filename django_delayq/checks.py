@@ -12,7 +12,7 @@ from django_delayq.conf import DEFAULTS, DURATION_SETTINGS
 POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "MAX_ATTEMPTS", "PRUNE_BATCH_SIZE")
 QUEUE_KEYS = ("LEASE", "MAX_ATTEMPTS", "RETRY_POLICY", "CONCURRENCY")
 # Settings later features read; accepted here so that they are not flagged.
-KNOWN_EXTRA = ("SCHEDULES",)
+KNOWN_EXTRA: tuple[str, ...] = ()
 
 
 def _duration(value: Any) -> timedelta | None:
@@ -124,4 +124,47 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                 )
                 continue
             errors.extend(_check_value(name, value, where))
+    return errors
+
+
+@register(Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``DELAYQ["SCHEDULES"]`` and ``@schedule`` declarations (E010-E015).
+
+    Every problem names its schedule, so a typo stops ``manage.py check``
+    and ``run_delayq`` at start-up instead of a worker meeting it later.
+    """
+    from django.conf import settings
+
+    from django_delayq.exceptions import HandlerNotFound
+    from django_delayq.registry import registry
+    from django_delayq.scheduling import get_schedules, schedule_problems
+
+    if not isinstance(getattr(settings, "DELAYQ", {}), dict):
+        return []  # E001 already says so
+    errors: list[Error | Warning] = []
+    for name, problem in schedule_problems():
+        where = f"DELAYQ['SCHEDULES'][{name!r}]: " if name else ""
+        errors.append(Error(f"{where}{problem}", id=problem.check_id))
+    schedules = get_schedules(log=False)
+    if schedules and not settings.USE_TZ:
+        errors.append(
+            Error(
+                f"schedules ({', '.join(map(repr, schedules))}) need USE_TZ = True: "
+                "tick times are aware datetimes",
+                id="django_delayq.E010",
+            )
+        )
+    for sched in schedules.values():
+        try:
+            registry.lookup(sched.queue, sched.kind)
+        except HandlerNotFound:
+            what = f"queue {sched.queue!r}" + (f" and kind {sched.kind!r}" if sched.kind else "")
+            errors.append(
+                Error(
+                    f"schedule {sched.name!r}: no handler for {what}; its ticks would never run",
+                    hint="define one with @handler in an installed app's handlers.py",
+                    id="django_delayq.E015",
+                )
+            )
     return errors

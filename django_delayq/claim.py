@@ -19,6 +19,7 @@ from django.db.models import Case, DateTimeField, F, Q, QuerySet, Value, When
 from django.db.models.functions import Greatest
 
 from django_delayq import clock
+from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
 
 # Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
@@ -144,6 +145,7 @@ def fail(
     now = clock.now()
     changes: dict[str, object] = {
         "last_error": error,
+        "error_fingerprint": fingerprint(error),
         "last_traceback": traceback,
         "lock_token": None,
         "updated_at": now,

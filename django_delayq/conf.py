@@ -44,9 +44,22 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY": True,
     # Per-queue overrides of LEASE, MAX_ATTEMPTS, RETRY_POLICY, CONCURRENCY.
     "QUEUES": {},
+    # Recurring messages, by name (see ``scheduling.py``): {"cron": ...} or
+    # {"every": ...} plus queue, payload, timezone, catch_up, ...
+    "SCHEDULES": {},
+    # How often each worker installs the next ticks of every schedule; it
+    # installs two intervals ahead, so ticks never run out while one runs.
+    "CRON_INSTALL_INTERVAL": timedelta(seconds=60),
 }
 
-DURATION_SETTINGS = ("LEASE", "POLL_INTERVAL", "RETENTION", "SHUTDOWN_GRACE", "PRUNE_INTERVAL")
+DURATION_SETTINGS = (
+    "LEASE",
+    "POLL_INTERVAL",
+    "RETENTION",
+    "SHUTDOWN_GRACE",
+    "PRUNE_INTERVAL",
+    "CRON_INSTALL_INTERVAL",
+)
 
 
 def to_timedelta(value: timedelta | int | float) -> timedelta:

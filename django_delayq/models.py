@@ -88,6 +88,13 @@ class Message(models.Model):
     last_attempt_time = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     last_traceback = models.TextField(blank=True, default="")
+    error_fingerprint = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        editable=False,
+        help_text=_("Digest of the normalised last error (see fingerprint.py); groups failures."),
+    )
     lock_token = models.UUIDField(null=True, blank=True, editable=False)
     locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
     created_at = models.DateTimeField(default=clock.now, editable=False)
@@ -118,14 +125,34 @@ class Message(models.Model):
                 name="delayq_claim_idx",
                 condition=Q(status__in=["pending", "running"]),
             ),
-            # The idle worker's "when is the next message due?" and lag.
+            # The idle worker's "when is the next message due?" and lag. Status
+            # and attempts make it covering for the dashboard's active counts.
             models.Index(
-                fields=["queue", "next_attempt_time"],
+                fields=["queue", "next_attempt_time", "status", "attempt_count"],
                 name="delayq_due_idx",
                 condition=Q(status__in=["pending", "running"]),
             ),
             # Pruning and the admin's finished views.
             models.Index(fields=["status", "finished_at"], name="delayq_finished_idx"),
+            # Failure triage: a group's messages, and (covering) the grouping
+            # itself. Partial, so rows that never failed (nearly all) are not in it.
+            models.Index(
+                fields=[
+                    "error_fingerprint",
+                    "status",
+                    "queue",
+                    "attempt_count",
+                    "last_attempt_time",
+                    "id",
+                ],
+                name="delayq_fingerprint_idx",
+                condition=~Q(error_fingerprint=""),
+            ),
+            # Failed messages per queue (dashboard), without visiting the table.
+            models.Index(fields=["queue"], name="delayq_failed_idx", condition=Q(status="failed")),
+            # The admin's kind filter: its choices (search.distinct_values) and
+            # its rows. Partial, so projects that never set a kind pay nothing.
+            models.Index(fields=["kind"], name="delayq_kind_idx", condition=~Q(kind="")),
         ]
 
     def __str__(self) -> str:
@@ -141,3 +168,25 @@ class Message(models.Model):
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.attname) for f in self._meta.concrete_fields}
+
+
+class QueueState(models.Model):
+    """Operator controls of one queue; a queue without a row is active.
+
+    Workers read the paused set at most once per poll interval
+    (``queues.paused_queues``) and skip paused queues when claiming.
+    """
+
+    queue = models.CharField(max_length=QUEUE_MAX_LENGTH, unique=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.CharField(max_length=255, blank=True, default="")
+    updated_at = models.DateTimeField(default=clock.now)
+
+    class Meta:
+        verbose_name = _("queue state")
+        verbose_name_plural = _("queue states")
+
+    def __str__(self) -> str:
+        return f"{self.queue} ({'paused' if self.paused else 'active'})"

@@ -98,6 +98,10 @@ def _check_priority(priority: object) -> int:
     return priority
 
 
+# Public name for the other writers of the queue columns (operations.py).
+check_priority = _check_priority
+
+
 def _check_max_attempts(max_attempts: object) -> int | None:
     if max_attempts is None:
         return None
@@ -209,18 +213,8 @@ def enqueue_many(
         else:
             first_index[k] = i
 
-    template = Message(
-        queue=queue,
-        key="",
-        kind=kind,
-        payload=None,
-        status=Message.Status.PENDING,
-        priority=priority,
-        next_attempt_time=due,
-        scheduled_time=due,
-        max_attempts=max_attempts,
-        created_at=now,
-        updated_at=now,
+    template = message_template(
+        queue, kind=kind, priority=priority, due=due, max_attempts=max_attempts, now=now
     )
     alias = using or router.db_for_write(Message)
     connection = connections[alias]
@@ -265,6 +259,29 @@ def enqueue_many(
 # Rows per statement on the fast path, where rows travel as two arrays (or one
 # JSON document) rather than as bound parameters each.
 FAST_CHUNK_SIZE = 5000
+
+
+def message_template(
+    queue: str, *, kind: str, priority: int, due: datetime, max_attempts: int | None, now: datetime
+) -> Message:
+    """What every message of one enqueue shares: everything but its key and payload.
+
+    Also the template of the Spark pipeline's bulk enqueue
+    (``contrib/spark/database.py``), so both write the same columns.
+    """
+    return Message(
+        queue=queue,
+        key="",
+        kind=kind,
+        payload=None,
+        status=Message.Status.PENDING,
+        priority=priority,
+        next_attempt_time=due,
+        scheduled_time=due,
+        max_attempts=max_attempts,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def _row(template: Message, key: str, payload: Any, pk: int | None = None) -> Message:

@@ -25,10 +25,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries, router
 from django.db.models import Min
 
-from django_delayq import claim, clock, retention
+from django_delayq import claim, clock, retention, scheduling
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.execute import execute
 from django_delayq.models import Message
+from django_delayq.queues import paused_queues
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.wakeup import Waker
 
@@ -121,6 +122,9 @@ class Worker:
         self._keeper_stop = threading.Event()
         self._waker: Waker | None = None
         self._last_prune = 0.0
+        self._next_install = 0.0
+        self._paused: frozenset[str] = frozenset()
+        self._paused_read: float | None = None
 
     def _make_lanes(self, specs: list[HandlerSpec]) -> list[Lane]:
         caps: dict[str, int] = {}
@@ -190,6 +194,7 @@ class Worker:
             while not self._stopping:
                 try:
                     self._maybe_prune()
+                    self._maybe_install_schedules()
                     claimed = self._claim_round()
                     errors = 0
                 except DatabaseError:
@@ -221,7 +226,11 @@ class Worker:
 
     def _claim_round(self) -> int:
         total = 0
+        paused = self._paused_now()
         for lane in self.lanes:
+            queues = [q for q in lane.queues if q not in paused]
+            if not queues:
+                continue
             with self._cond:
                 if self._stopping or lane.buffer:
                     continue
@@ -230,7 +239,7 @@ class Worker:
             if limit <= 0:
                 continue
             result = claim.claim(
-                lane.queues,
+                queues,
                 limit,
                 worker=self.name,
                 lease=self.default_lease,
@@ -258,7 +267,7 @@ class Worker:
             next_due = (
                 Message.objects.using(self.using)
                 .active()
-                .filter(queue__in=self.queues)
+                .filter(queue__in=[q for q in self.queues if q not in self._paused])
                 .aggregate(t=Min("next_attempt_time"))["t"]
             )
             hint = self._waker.hint
@@ -269,6 +278,23 @@ class Worker:
             timeout = max(timeout, MIN_IDLE_SLEEP)
         self._waker.hint = None
         self._waker.wait(timeout)
+
+    def _paused_now(self) -> frozenset[str]:
+        """This worker's paused queues, read at most once per poll interval.
+
+        Each pause and resume is logged once, when this worker notices it.
+        """
+        now = time.monotonic()
+        if self._paused_read is not None and now - self._paused_read < self.poll_interval:
+            return self._paused
+        paused = frozenset(paused_queues(self.queues, using=self.using))
+        self._paused_read = now
+        for queue in sorted(paused - self._paused):
+            logger.info("queue %s paused; not claiming from it", queue)
+        for queue in sorted(self._paused - paused):
+            logger.info("queue %s resumed", queue)
+        self._paused = paused
+        return paused
 
     # -- executors ------------------------------------------------------------
 
@@ -357,6 +383,26 @@ class Worker:
                 )
 
     # -- maintenance ----------------------------------------------------------
+
+    def _maybe_install_schedules(self) -> None:
+        """Install the next cron ticks: before the first claim, then every interval.
+
+        Every worker installs every schedule; duplicate ticks are impossible
+        (``scheduling.py``). A failure is logged and retried at the next
+        interval: cron must never stop a worker from consuming.
+        """
+        if time.monotonic() < self._next_install:
+            return
+        interval = to_timedelta(get_config()["CRON_INSTALL_INTERVAL"]).total_seconds()
+        self._next_install = time.monotonic() + interval
+        try:
+            scheduling.install_schedules(using=self.using)
+        except Exception as exc:
+            logger.warning(
+                "could not install scheduled ticks; retrying in %.0f s", interval, exc_info=True
+            )
+            if isinstance(exc, DatabaseError):
+                connections[self.using].close()
 
     def _maybe_prune(self) -> None:
         interval = get_config()["PRUNE_INTERVAL"]

@@ -5,7 +5,8 @@
 #
 # A fresh database, migrations, demo orders and emails (seed_demo), then a
 # worker (run_delayq --concurrency 2) in the background until every message
-# has succeeded or failed, a SIGTERM for a graceful shutdown, and a summary:
+# has succeeded or failed (the heartbeat schedule's future ticks aside), a
+# SIGTERM for a graceful shutdown, and a summary:
 # delayed messages started no earlier than their due time, the atomic order
 # handler confirmed every order, and the email to broken@fail.example was
 # retried and then marked failed. Exits non-zero if the worker did not stop
@@ -60,10 +61,17 @@ step "run_delayq --concurrency 2 (in the background; its log follows)"
 "$PY" manage.py run_delayq --concurrency 2 2>&1 &
 worker_pid=$!
 
+# Drained: no message pending or running, except the heartbeat schedule's
+# future ticks (a recurring schedule always has some installed ahead).
 ACTIVE_PY='
 import sys
+from django.db.models import Q
+from django_delayq import clock
 from django_delayq.models import Message
-sys.exit(1 if Message.objects.active().exists() else 0)
+waiting = Message.objects.active().exclude(
+    Q(key__startswith="cron:") & Q(status="pending", next_attempt_time__gt=clock.now())
+)
+sys.exit(1 if waiting.exists() else 0)
 '
 started=$SECONDS
 drained=0
@@ -106,7 +114,12 @@ def secs(start, end):
 
 rows = [("queue", "key", "status", "tries", "due", "started", "done", "last error")]
 early = []
-for m in Message.objects.order_by("scheduled_time", "id"):
+# Future ticks of the heartbeat schedule are expected to wait: leave them out.
+future_ticks = Message.objects.filter(
+    key__startswith="cron:", status="pending", attempt_count=0
+)
+shown = Message.objects.exclude(pk__in=future_ticks.values("pk"))
+for m in shown.order_by("scheduled_time", "id"):
     rows.append((
         m.queue, m.key, m.status, str(m.attempt_count),
         secs(m.created_at, m.scheduled_time),
@@ -126,7 +139,16 @@ print("Orders (confirmed by the atomic order.placed handler):")
 for o in Order.objects.all():
     print(f"  #{o.pk:<3} {o.customer_email:<22} {o.total:>7}  {o.status}")
 
-counts = {s: Message.objects.filter(status=s).count() for s in Message.Status.values}
+print()
+ran = Message.objects.filter(key__startswith="cron:heartbeat:", status="succeeded").count()
+upcoming = future_ticks.order_by("next_attempt_time").first()
+print(
+    f"Schedule heartbeat (every 3 s): {ran} tick(s) ran; "
+    f"{future_ticks.count()} installed ahead"
+    + (f", next at {upcoming.next_attempt_time:%H:%M:%S}" if upcoming else "")
+)
+
+counts = {s: shown.filter(status=s).count() for s in Message.Status.values}
 print()
 print("Totals: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
 problems = []

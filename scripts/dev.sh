@@ -39,7 +39,7 @@ ensure_venv() {
   fi
   log "installing django-delayq and its test dependencies"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q -e ".[postgres,test,example,dev]"
+  "$PY" -m pip install -q -e ".[postgres,test,example,dev,spark]"
 }
 
 ensure_chromium() {
@@ -48,6 +48,20 @@ ensure_chromium() {
   if [ -z "${DELAYQ_CHROMIUM:-}" ] && ! command -v chromium >/dev/null; then
     log "installing Debian's chromium for the browser tests"
     apt_install chromium chromium-driver
+  fi
+}
+
+ensure_spark_runtime() {
+  # The data pipeline (delayq_pipeline) runs Spark on Java 17+ and reads the
+  # queue table through Debian's JDBC drivers (nothing comes from Maven).
+  local missing=() version
+  version="$("${JAVA_HOME:+$JAVA_HOME/bin/}java" -version 2>&1 || true)"
+  grep -Eq 'version "(1[7-9]|[2-9][0-9])' <<<"$version" || missing+=(openjdk-17-jre-headless)
+  [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
+  [ -f /usr/share/java/sqlite-jdbc.jar ] || missing+=(libxerial-sqlite-jdbc-java)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]} for the Spark data pipeline"
+    apt_install "${missing[@]}"
   fi
 }
 
@@ -70,8 +84,8 @@ run_suite() {
 }
 
 case "${1:-}" in
-  venv) ensure_venv ;;
-  test) shift; ensure_venv; ensure_chromium; run_checks; run_suite "$@" ;;
+  venv) ensure_venv; ensure_spark_runtime ;;
+  test) shift; ensure_venv; ensure_chromium; ensure_spark_runtime; run_checks; run_suite "$@" ;;
   suite) shift; run_suite "$@" ;;
   demo) ensure_venv; scripts/demo.sh "$PY" ;;
   *) echo "usage: $0 venv|test|suite|demo" >&2; exit 2 ;;

@@ -4,6 +4,7 @@ Worker subprocesses started by the tests import these same settings and are
 pointed at the test database through DELAYQ_TEST_DATABASE_NAME.
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -80,6 +81,11 @@ if os.environ.get("DELAYQ_TEST_POLL"):
     DELAYQ["POLL_INTERVAL"] = float(os.environ["DELAYQ_TEST_POLL"])
 if os.environ.get("DELAYQ_TEST_GRACE"):
     DELAYQ["SHUTDOWN_GRACE"] = float(os.environ["DELAYQ_TEST_GRACE"])
+# Cron schedules for worker subprocesses, as JSON: {"name": {"every": 2, "queue": "ticks"}}.
+if os.environ.get("DELAYQ_TEST_SCHEDULES"):
+    DELAYQ["SCHEDULES"] = json.loads(os.environ["DELAYQ_TEST_SCHEDULES"])
+if os.environ.get("DELAYQ_TEST_CRON_INSTALL_INTERVAL"):
+    DELAYQ["CRON_INSTALL_INTERVAL"] = float(os.environ["DELAYQ_TEST_CRON_INSTALL_INTERVAL"])
 
 LOGGING = {
     "version": 1,

@@ -112,6 +112,15 @@ DELAYQ = {
     "RETRY_POLICY": ExponentialBackoff(base=1, cap=10),
     # Finished messages stay visible in the admin this long, then are pruned.
     "RETENTION": 3 * 24 * 3600,
+    # Recurring messages. Every worker installs the next ticks ahead (keys
+    # embed the name, a hash of this configuration and the tick time, so any
+    # number of workers never duplicate one); orders/handlers.py consumes
+    # them. A real shop would send a nightly digest, e.g.
+    #   {"cron": "0 2 * * *", "timezone": "Europe/Paris", "queue": "ops", ...};
+    # the demo wants to see it run within seconds.
+    "SCHEDULES": {
+        "heartbeat": {"every": 3, "queue": "ops", "payload": {"check": "orders-backlog"}},
+    },
 }
 
 # How long after an order its follow-up email goes out. A real shop would

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from django_delayq import Discard, handler
+from django_delayq import Discard, handler, tick_of
 from django_delayq.models import Message
 from orders.models import Order
 
@@ -59,4 +59,25 @@ def send_email(message: Message) -> None:
         message.payload.get("subject", ""),
         message.key,
         late,
+    )
+
+
+@handler("ops")
+def heartbeat(message: Message) -> None:
+    """One tick of the ``heartbeat`` schedule (DELAYQ["SCHEDULES"] in settings.py).
+
+    The payload is the schedule's, untouched; ``tick_of`` tells which
+    occurrence this is and how late it started.
+    """
+    tick = tick_of(message)
+    if tick is None:
+        raise Discard("the ops queue only takes schedule ticks")
+    backlog = Order.objects.filter(status=Order.Status.NEW).count()
+    logger.info(
+        "%s tick of %s (%s, started %.1f s after its time): %d unconfirmed order(s)",
+        tick.name,
+        tick.time.strftime("%H:%M:%S"),
+        message.payload["check"],
+        tick.late_by.total_seconds(),
+        backlog,
     )

@@ -36,6 +36,7 @@ def test_status_prints_counts_and_lag(fake_clock):
         "failed",
         "succeeded",
         "lag",
+        "state",
     ]
     default = next(line.split() for line in lines if line.startswith("default"))
     assert default[1:7] == ["1", "1", "0", "1", "0", "0"]

@@ -65,3 +65,9 @@ def atomic_handler(message):
 @handler("slow", lease=2)
 def slow_handler(message):
     _run(message)
+
+
+@handler("ticks")
+def tick_handler(message):
+    """Consumer of the cron tests' schedules (tests/*/test_cron*.py)."""
+    _run(message)

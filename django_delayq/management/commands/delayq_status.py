@@ -7,9 +7,20 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_delayq.queues import paused_queues
 from django_delayq.stats import queue_stats
 
-COLUMNS = ("queue", "due", "scheduled", "running", "retrying", "failed", "succeeded", "lag")
+COLUMNS = (
+    "queue",
+    "due",
+    "scheduled",
+    "running",
+    "retrying",
+    "failed",
+    "succeeded",
+    "lag",
+    "state",
+)
 
 
 def human(delta: timedelta) -> str:
@@ -24,7 +35,10 @@ def human(delta: timedelta) -> str:
 
 
 class Command(BaseCommand):
-    help = "Print per-queue message counts and the age of the oldest due message (lag)."
+    help = (
+        "Print per-queue message counts, the age of the oldest due message (lag) "
+        "and whether the queue is paused."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
@@ -32,6 +46,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         stats = queue_stats(options["queues"], using=options["database"])
+        paused = paused_queues(options["queues"], using=options["database"])
         rows = [
             (
                 s.queue,
@@ -42,9 +57,14 @@ class Command(BaseCommand):
                 s.failed,
                 s.succeeded,
                 human(s.lag),
+                "paused" if s.queue in paused else "active",
             )
             for s in stats
         ]
+        # A paused queue is worth showing even while it holds no message.
+        shown = {s.queue for s in stats}
+        rows += [(q, 0, 0, 0, 0, 0, 0, "0s", "paused") for q in sorted(paused - shown)]
+        rows.sort(key=lambda row: row[0])
         if not rows:
             self.stdout.write("no messages")
             return

@@ -1,0 +1,32 @@
+"""The Django admin for the queue.
+
+``messages.py``
+    ``MessageAdmin``: the changelist (columns, filters, payload search, cheap
+    counts), the change page (payload, error, timeline, operation buttons),
+    and the hook for extra pages (``EXTRA_URLS`` / ``register_view``).
+``actions.py``
+    the admin actions and their intermediate pages; each calls a function of
+    ``django_delayq.operations``.
+``dashboard.py``, ``triage.py``, ``schedules.py``
+    the queue dashboard (with pause/resume), the failures view grouped by
+    error fingerprint, and the cron schedules page.
+
+Other admin modules add their pages under the message changelist's URL by
+appending to ``EXTRA_URLS`` (or calling ``register_view``) when imported;
+import them at the end of this file so they are registered before the URLconf
+is built.
+"""
+
+from __future__ import annotations
+
+from django_delayq.admin.messages import (
+    EXTRA_URLS,
+    OBJECT_TOOLS,
+    MessageAdmin,
+    register_view,
+)
+
+__all__ = ["EXTRA_URLS", "OBJECT_TOOLS", "MessageAdmin", "register_view"]
+
+# Extra admin pages: import the modules that register them here.
+from django_delayq.admin import dashboard, schedules, triage  # noqa: E402, F401

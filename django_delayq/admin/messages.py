@@ -1,0 +1,673 @@
+"""``MessageAdmin``: the changelist, the change page and the hook for extra admin pages.
+
+Built for a table of millions of rows: the counts are capped or estimated
+(``MessagePaginator``), the queue and kind filters list their choices by a
+loose index scan (``search.distinct_values``), the date hierarchy reads its
+bounds off the primary key (``templatetags/delayq_admin.py``), and the list
+query leaves the payload and the traceback in the database. Every change an
+operator makes goes through ``django_delayq.operations`` (see ``actions.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
+from django.utils import formats, timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from django_delayq import clock, operations, search
+from django_delayq.admin import actions
+from django_delayq.exceptions import HandlerNotFound
+from django_delayq.execute import _max_attempts
+from django_delayq.models import Message, MessageQuerySet
+from django_delayq.payload import check_payload
+from django_delayq.registry import registry
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
+
+S = Message.Status
+
+# -- the hook for extra admin pages ---------------------------------------------------
+
+#: Extra pages under the message changelist's URL (``.../django_delayq/message/<route>``).
+#: Each entry is called with the ``MessageAdmin`` and returns a URL pattern; the
+#: patterns are placed before the admin's own, so ``"dashboard/"`` is not taken
+#: for an object id. Append at import time, from a module that
+#: ``django_delayq/admin/__init__.py`` imports, e.g.::
+#:
+#:     EXTRA_URLS.append(schedules_urlpattern)    # (model_admin) -> path("schedules/", ...)
+#:
+#: or use :func:`register_view`, which also wraps the view in ``admin_view``
+#: (login, CSRF, no caching) and checks a permission.
+EXTRA_URLS: list[Callable[[MessageAdmin], URLPattern]] = []
+
+#: Buttons in the changelist's object tools (top right): ``(label, url name)``,
+#: the url name without the ``admin:`` namespace, e.g.
+#: ``("Dashboard", "django_delayq_message_dashboard")``.
+OBJECT_TOOLS: list[tuple[StrOrPromise, str]] = []
+
+ExtraView = Callable[..., HttpResponseBase]
+
+
+def register_view(
+    route: str,
+    view: ExtraView,
+    name: str,
+    *,
+    label: StrOrPromise | None = None,
+    permission: str = "view",
+) -> None:
+    """Add ``view(request, model_admin, **url_kwargs)`` at ``<changelist>/<route>``.
+
+    The URL is named ``admin:django_delayq_message_<name>``; the user needs
+    the ``permission`` (view, change, delete) on messages. With ``label``, a
+    button to it appears on the changelist.
+    """
+    url_name = f"django_delayq_message_{name}"
+
+    def pattern(model_admin: MessageAdmin) -> URLPattern:
+        def checked(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+            if not getattr(model_admin, f"has_{permission}_permission")(request):
+                raise PermissionDenied
+            return view(request, model_admin, **kwargs)
+
+        return path(route, model_admin.admin_site.admin_view(checked), name=url_name)
+
+    EXTRA_URLS.append(pattern)
+    if label:
+        OBJECT_TOOLS.append((label, url_name))
+
+
+# -- display helpers --------------------------------------------------------------------
+
+
+def span(delta: timedelta) -> str:
+    """A duration the way the list shows it: ``40 s``, ``5 min``, ``2 h``, ``3 d``."""
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+def describe_due(message: Message, now: datetime | None = None) -> str:
+    """``in 5 min``, ``overdue 2 h``, ``lease ends in 40 s``...; empty when nothing is due."""
+    when = message.next_attempt_time
+    if when is None:
+        return ""
+    delta = when - (now or clock.now())
+    if message.status == S.RUNNING:
+        if delta > timedelta(0):
+            return _("lease ends in %s") % span(delta)
+        return _("lease expired %s ago") % span(delta)
+    if delta > timedelta(0):
+        return _("in %s") % span(delta)
+    if delta > -timedelta(seconds=1):
+        return _("due now")
+    return _("overdue %s") % span(delta)
+
+
+def local_time(value: datetime) -> str:
+    """A timestamp as the admin shows them: in the current time zone, localised."""
+    return formats.date_format(timezone.localtime(value), "DATETIME_FORMAT")
+
+
+def effective_max_attempts(message: Message) -> int:
+    """The cap a worker applies: the message's own, its handler's, or the settings'."""
+    try:
+        spec = registry.lookup(message.queue, message.kind)
+    except HandlerNotFound:
+        spec = None
+    return _max_attempts(message, spec)
+
+
+def status_badge(message: Message) -> SafeString:
+    return format_html(
+        '<span class="dq-badge dq-{}">{}</span>', message.status, message.get_status_display()
+    )
+
+
+# -- changelist plumbing ----------------------------------------------------------------
+
+
+class MessagePaginator(Paginator):
+    """Counts that stay cheap on a table of millions of messages.
+
+    Without filters, on PostgreSQL, the count is the planner's estimate
+    (``search.estimated_count``) once the table is over ``ESTIMATE_ABOVE``
+    rows. Otherwise the first page is read first (``per_page + 1`` rows): if
+    that is all there is, it is the count and the page at once, so a search
+    that finds a few messages reads the table once instead of twice; if not,
+    it is still the first page when that is the one shown. Beyond a page the
+    count is exact up to ``CAP`` and "more than CAP" after, by
+    ``SELECT COUNT(*) FROM (... LIMIT CAP + 1)``, which stops reading at the
+    cap. Either way the pages stop at CAP rows: deep ``OFFSET`` pages of a
+    huge table are slow anyway, and a filter or the search narrows faster.
+    """
+
+    CAP = 10_000
+    ESTIMATE_ABOVE = 100_000
+
+    estimated: int | None = None
+    capped = False
+    #: The first ``per_page + 1`` rows, read while counting.
+    first: list[Message] | None = None
+
+    @cached_property
+    def count(self) -> int:
+        queryset = cast(QuerySet[Message], self.object_list)
+        if not queryset.query.where:
+            estimate = search.estimated_count(queryset.db)
+            if estimate is not None and estimate > self.ESTIMATE_ABOVE:
+                self.estimated = estimate
+                return self.CAP + 1
+        self.first = list(queryset[: self.per_page + 1])
+        if len(self.first) <= self.per_page:
+            return len(self.first)
+        count = queryset.order_by()[: self.CAP + 1].count()
+        self.capped = count > self.CAP
+        return count
+
+    def page(self, number: Any) -> Any:
+        number = self.validate_number(number)
+        if number == 1 and self.first is not None:
+            return Page(self.first[: self.per_page], number, self)
+        return super().page(number)
+
+    @property
+    def count_label(self) -> str:
+        count = self.count
+        if self.estimated is not None:
+            rounded = round(self.estimated, 2 - len(str(self.estimated)))
+            return _("about %s") % formats.number_format(rounded, force_grouping=True)
+        if self.capped:
+            return _("more than %s") % formats.number_format(self.CAP, force_grouping=True)
+        return formats.number_format(count, force_grouping=True)
+
+
+# The list shows neither; a payload may be a megabyte.
+LIST_DEFERRED = ("payload", "last_traceback")
+
+
+class MessageChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        queryset = super().get_queryset(request, exclude_parameters)
+        return queryset.defer(*LIST_DEFERRED)
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        first = getattr(self.paginator, "first", None)
+        if first is not None and not self.multi_page:
+            # The paginator read the whole (one-page) result while counting.
+            self.result_list = first
+
+
+# -- filters ---------------------------------------------------------------------------
+
+
+class ColumnFilter(admin.SimpleListFilter):
+    """Messages whose column named like the parameter equals the chosen value."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        value = self.value()
+        return queryset if value is None else queryset.filter(**{str(self.parameter_name): value})
+
+
+class QueueFilter(ColumnFilter):
+    """Queues from the table (a loose index scan) and from the registered handlers."""
+
+    title = gettext_lazy("queue")
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        queues = set(search.distinct_values("queue")) | set(registry.queues())
+        return [(q, q) for q in sorted(queues)]
+
+
+class KindFilter(ColumnFilter):
+    """Kinds from the kind index, plus messages without a kind."""
+
+    title = gettext_lazy("kind")
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        kinds = set(search.distinct_values("kind"))
+        kinds |= {spec.kind for spec in registry.all() if spec.kind}
+        return [("", _("(no kind)")), *((k, k) for k in sorted(kinds))]
+
+
+class RetryingFilter(admin.SimpleListFilter):
+    """Pending again after a failed attempt (``MessageQuerySet.retrying``)."""
+
+    title = gettext_lazy("retrying")
+    parameter_name = "retrying"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", _("Yes"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        if self.value() == "yes":
+            return cast(MessageQuerySet, queryset).retrying()
+        return queryset
+
+
+class OverdueFilter(admin.SimpleListFilter):
+    """Due, and not picked up by a worker for longer than a threshold.
+
+    Served by the partial indexes on the active statuses (``delayq_due_idx``).
+    """
+
+    title = gettext_lazy("overdue")
+    parameter_name = "overdue"
+    THRESHOLDS = (60, 300, 3600, 86400)
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (str(s), _("by more than %s") % span(timedelta(seconds=s))) for s in self.THRESHOLDS
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        value = self.value()
+        if value is None:
+            return queryset
+        try:
+            seconds = int(value)
+        except ValueError as exc:
+            raise IncorrectLookupParameters(exc) from exc
+        cutoff = clock.now() - timedelta(seconds=seconds)
+        return cast(MessageQuerySet, queryset).due(cutoff)
+
+
+class RedeliveredFilter(admin.SimpleListFilter):
+    """Started more than once (``Message.is_redelivery``)."""
+
+    title = gettext_lazy("redelivered")
+    parameter_name = "redelivered"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", _("Yes")), ("no", _("No"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        if self.value() == "yes":
+            return queryset.filter(attempt_count__gt=1)
+        if self.value() == "no":
+            return queryset.filter(attempt_count__lte=1)
+        return queryset
+
+
+# -- the change form -------------------------------------------------------------------
+
+
+class PrettyJSONField(forms.JSONField):
+    """The payload, indented for reading and editing."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, InvalidJSONInput):
+            return value
+        return json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder)
+
+
+class MessageForm(forms.ModelForm):
+    payload = PrettyJSONField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 16, "cols": 100, "class": "vLargeTextField"}),
+        help_text=gettext_lazy("JSON; takes effect at the next attempt."),
+    )
+
+    class Meta:
+        model = Message
+        fields = ["kind", "priority", "max_attempts", "payload"]
+
+    def clean_payload(self) -> Any:
+        value = self.cleaned_data.get("payload")
+        try:
+            check_payload(value)
+        except (TypeError, ValueError) as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return value
+
+
+SEARCH_HELP = mark_safe(  # noqa: S308 - a constant
+    "Words match the key (exact or prefix), kind, queue, error text or id; "
+    '<code>"connection refused"</code> keeps the spaces. '
+    "<code>field=value</code> matches a payload field: <code>companyId=3345</code>, "
+    "nested <code>customer.id=7</code>, list items <code>items.0.sku=A1</code>. "
+    "Unquoted numbers, <code>true</code>, <code>false</code> and <code>null</code> also match "
+    'their string form; quoted values match exactly: <code>name="Jane Doe"</code>. '
+    "All terms must match: <code>companyId=3345 status=new</code>."
+)
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    form = MessageForm
+    list_display = (
+        "id",
+        "queue",
+        "key",
+        "kind",
+        "status_display",
+        "priority",
+        "next_attempt",
+        "attempts",
+        "error",
+        "created_at",
+    )
+    list_display_links = ("id", "key")
+    list_filter = (
+        "status",
+        QueueFilter,
+        KindFilter,
+        RetryingFilter,
+        OverdueFilter,
+        RedeliveredFilter,
+    )
+    # The search box appears because search_fields is set; get_search_results
+    # implements the syntax of django_delayq.search instead of Django's.
+    search_fields = ("key", "kind", "queue", "last_error")
+    search_help_text = SEARCH_HELP
+    date_hierarchy = "created_at"
+    ordering = ("-id",)
+    list_per_page = 100
+    list_max_show_all = 500
+    show_full_result_count = False
+    # Facets count every filter choice over the filtered rows: full scans.
+    show_facets = admin.ShowFacets.NEVER
+    paginator = MessagePaginator
+    actions = actions.ACTIONS
+    fieldsets = (
+        (None, {"fields": ("queue", "key", "kind", "status_display", "priority", "max_attempts")}),
+        (gettext_lazy("Payload"), {"fields": ("payload",)}),
+        (
+            gettext_lazy("Timeline"),
+            {
+                "fields": (
+                    "created_at",
+                    "first_scheduled",
+                    "due_display",
+                    "attempts",
+                    "redelivery",
+                    "last_attempt_time",
+                    "finished_at",
+                    "updated_at",
+                )
+            },
+        ),
+        (gettext_lazy("Worker"), {"fields": ("lock_display",)}),
+        (gettext_lazy("Last error"), {"fields": ("error_display", "traceback_display")}),
+    )
+    # Everything but kind, priority, max_attempts and payload: the queue
+    # columns belong to the worker (and to the operations, which guard them).
+    readonly_fields = (
+        "queue",
+        "key",
+        "status_display",
+        "created_at",
+        "first_scheduled",
+        "due_display",
+        "attempts",
+        "redelivery",
+        "last_attempt_time",
+        "finished_at",
+        "updated_at",
+        "lock_display",
+        "error_display",
+        "traceback_display",
+        "payload_display",
+    )
+
+    class Media:
+        css = {"all": ["django_delayq/admin.css"]}
+
+    # -- columns --------------------------------------------------------------------
+
+    @admin.display(description=gettext_lazy("status"), ordering="status")
+    def status_display(self, obj: Message) -> SafeString:
+        return status_badge(obj)
+
+    @admin.display(description=gettext_lazy("next attempt"), ordering="next_attempt_time")
+    def next_attempt(self, obj: Message) -> SafeString | str:
+        text = describe_due(obj)
+        if not text or obj.next_attempt_time is None:
+            return self.get_empty_value_display()
+        when = local_time(obj.next_attempt_time)
+        return format_html('<span title="{}">{}</span>', when, text)
+
+    @admin.display(description=gettext_lazy("attempts"))
+    def attempts(self, obj: Message) -> str:
+        return f"{obj.attempt_count} / {effective_max_attempts(obj)}"
+
+    @admin.display(description=gettext_lazy("last error"))
+    def error(self, obj: Message) -> SafeString | str:
+        line = obj.error_summary()
+        if not line:
+            return ""
+        short = line if len(line) <= 80 else line[:79] + "…"
+        return format_html('<span title="{}">{}</span>', line, short)
+
+    # -- change page fields ---------------------------------------------------------
+
+    @admin.display(description=gettext_lazy("payload"))
+    def payload_display(self, obj: Message) -> SafeString:
+        text = json.dumps(obj.payload, indent=2, ensure_ascii=False)
+        return format_html('<pre class="dq-pre">{}</pre>', text)
+
+    @admin.display(description=gettext_lazy("first scheduled"))
+    def first_scheduled(self, obj: Message) -> str:
+        return local_time(obj.scheduled_time)
+
+    @admin.display(description=gettext_lazy("next attempt"))
+    def due_display(self, obj: Message) -> SafeString | str:
+        if obj.next_attempt_time is None:
+            return self.get_empty_value_display()
+        when = local_time(obj.next_attempt_time)
+        return format_html("{} ({})", when, describe_due(obj))
+
+    @admin.display(description=gettext_lazy("redelivery"), boolean=True)
+    def redelivery(self, obj: Message) -> bool:
+        return obj.is_redelivery
+
+    @admin.display(description=gettext_lazy("lock owner"))
+    def lock_display(self, obj: Message) -> SafeString | str:
+        if obj.status != S.RUNNING:
+            if obj.locked_by:
+                return _("not running (last worker: %s)") % obj.locked_by
+            return _("not running")
+        state = describe_due(obj)
+        return format_html(
+            "{}<br><small>{}: {} · {}</small>",
+            obj.locked_by or "?",
+            _("lock token"),
+            obj.lock_token or "",
+            state,
+        )
+
+    @admin.display(description=gettext_lazy("error"))
+    def error_display(self, obj: Message) -> SafeString | str:
+        if not obj.last_error:
+            return self.get_empty_value_display()
+        return format_html('<pre class="dq-pre dq-error">{}</pre>', obj.last_error)
+
+    @admin.display(description=gettext_lazy("traceback"))
+    def traceback_display(self, obj: Message) -> SafeString | str:
+        if not obj.last_traceback:
+            return self.get_empty_value_display()
+        return format_html('<pre class="dq-pre">{}</pre>', obj.last_traceback)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if self.has_change_permission(request, obj):
+            return fieldsets
+        # Read-only: the pretty <pre> instead of Django's one-line JSON.
+        return [
+            (
+                name,
+                {
+                    **opts,
+                    "fields": ["payload_display" if f == "payload" else f for f in opts["fields"]],
+                },
+            )
+            for name, opts in fieldsets
+        ]
+
+    def save_model(self, request: HttpRequest, obj: Message, form: Any, change: bool) -> None:
+        """Write only the edited columns, so a concurrent worker's changes are kept."""
+        fields = [f for f in form.changed_data if f in MessageForm.Meta.fields]
+        if fields:
+            obj.updated_at = clock.now()
+            obj.save(update_fields=[*fields, "updated_at"])
+
+    # -- permissions ----------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Messages are produced by enqueue() (validation, de-duplication, NOTIFY).
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and operations.holds_lease(obj):
+            return False  # a worker holds it: deleting would pull it from under the worker
+        return super().has_delete_permission(request, obj)
+
+    # -- changelist -------------------------------------------------------------------
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return MessageChangeList
+
+    def get_sortable_by(self, request: HttpRequest) -> tuple[str, ...]:
+        """Columns whose ordering stays cheap on a big table.
+
+        Id (the primary key; ids follow creation) and status (an index) always;
+        next attempt and priority once the list is narrowed to messages that
+        may still run, a small share of a busy table (sorting every finished
+        message by them would read the whole table).
+        """
+        columns: tuple[str, ...] = ("id", "status_display")
+        active = request.GET.get("status__exact") in ("pending", "running")
+        if active or request.GET.get("retrying") or request.GET.get("overdue"):
+            columns += ("next_attempt", "priority")
+        return columns
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Message], search_term: str
+    ) -> tuple[QuerySet[Message], bool]:
+        parsed = search.parse(search_term)
+        if parsed.errors and not getattr(request, "_delayq_search_warned", False):
+            request._delayq_search_warned = True  # type: ignore[attr-defined]
+            for error in parsed.errors:
+                self.message_user(request, _("Search: %s") % error, level="WARNING")
+        return search.apply(queryset, parsed), False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        found = super().get_actions(request)
+        # Django's own lists every object on its confirmation page and
+        # deletes running messages; ours is one DELETE that spares them.
+        found.pop("delete_selected", None)
+        return found
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "POST" and "action" in request.POST:
+            chosen = actions.chosen_action(request)
+            if chosen in actions.ACTION_NAMES and chosen not in self.get_actions(request):
+                raise PermissionDenied
+        context = {**(extra_context or {}), "delayq_object_tools": self._object_tools()}
+        return super().changelist_view(request, context)
+
+    def _object_tools(self) -> list[tuple[StrOrPromise, str]]:
+        tools = []
+        for label, url_name in OBJECT_TOOLS:
+            tools.append((label, reverse(f"{self.admin_site.name}:{url_name}")))
+        return tools
+
+    # -- change page --------------------------------------------------------------------
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Message | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            context["delayq_operations"] = self._operations_for(request, obj)
+            context["delayq_holds_lease"] = operations.holds_lease(obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _operations_for(self, request: HttpRequest, obj: Message) -> list[dict[str, Any]]:
+        buttons = []
+        for name in operations.applicable(obj):
+            spec = actions.OPERATIONS.get(name)
+            if spec is None or spec.permission != "change":
+                continue  # delete: Django's own Delete link, guarded above
+            if not self.has_change_permission(request, obj):
+                continue
+            url = reverse(
+                f"{self.admin_site.name}:django_delayq_message_operation",
+                args=[obj.pk, spec.name],
+            )
+            buttons.append({"spec": spec, "url": url, "immediate": spec.form_class is None})
+        return buttons
+
+    def operation_view(self, request: HttpRequest, object_id: str, name: str) -> HttpResponseBase:
+        """One operation on one message: the change page's buttons post here."""
+        if request.method != "POST":
+            return HttpResponse(status=405, headers={"Allow": "POST"})
+        spec = actions.OPERATIONS.get(name)
+        if spec is None:
+            return HttpResponse(status=404)
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            raise Http404(_("No message with id %s.") % object_id)
+        if not getattr(self, f"has_{spec.permission}_permission")(request, obj):
+            raise PermissionDenied
+        queryset = self.get_queryset(request).filter(pk=obj.pk)
+        response = actions.run_operation(self, request, queryset, spec)
+        if response is not None:
+            return response
+        change_url = reverse(f"{self.admin_site.name}:django_delayq_message_change", args=[obj.pk])
+        if spec.name == "delete" and not Message.objects.filter(pk=obj.pk).exists():
+            change_url = reverse(f"{self.admin_site.name}:django_delayq_message_changelist")
+        return HttpResponseRedirect(change_url)
+
+    def get_urls(self) -> list[Any]:
+        own = [
+            path(
+                "<path:object_id>/operation/<str:name>/",
+                self.admin_site.admin_view(self.operation_view),
+                name="django_delayq_message_operation",
+            ),
+        ]
+        # Extra pages first: the admin's last pattern takes any path as an object id.
+        extra = [make(self) for make in EXTRA_URLS]
+        return [*extra, *own, *super().get_urls()]

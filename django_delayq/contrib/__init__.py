@@ -1,0 +1,1 @@
+"""Optional integrations; each sub-package needs its own extra (e.g. ``spark``)."""

@@ -1,0 +1,40 @@
+"""The data pipeline on Apache Spark: bulk enqueue, verified archive, delivery report.
+
+Installed with the ``spark`` extra (``pip install "django-delayq[spark]"``) and
+driven by ``manage.py delayq_pipeline``. This package is the only place
+pyspark is imported; this module itself imports neither pyspark nor Django
+models, so the command can say what is missing before anything starts.
+
+Layout:
+
+- ``session.py``     the lazy SparkSession and the environment Spark needs (Java, JDBC jars)
+- ``database.py``    Django's DATABASES alias -> what executors and Spark's JDBC source need
+- ``dbapi.py``       executor-side writers (bulk upsert, guarded delete); no Django import
+- ``jdbc.py``        reading the message table through Spark's JDBC source
+- ``storage.py``     files through Hadoop's FileSystem (local paths, s3a://, hdfs://)
+- ``enqueue_job.py``, ``archive_job.py``, ``report_job.py``   the three jobs
+- ``render.py``      the report as a terminal table, HTML and PNG charts
+"""
+
+from __future__ import annotations
+
+INSTALL_HINT = 'pip install "django-delayq[spark]"'
+
+
+class PipelineError(Exception):
+    """Bad input or a missing prerequisite, found before anything was written.
+
+    ``manage.py delayq_pipeline`` turns it into a one-line error and exit
+    status 2.
+    """
+
+
+def require_pyspark() -> None:
+    """Raise :class:`PipelineError` unless pyspark 4.x can be imported."""
+    try:
+        import pyspark
+    except ImportError as exc:
+        raise PipelineError(f"pyspark is not installed ({exc}): {INSTALL_HINT}") from exc
+    installed = getattr(pyspark, "__version__", "0")
+    if int(installed.split(".")[0]) < 4:
+        raise PipelineError(f"pyspark {installed} is too old (4.x needed): {INSTALL_HINT}")

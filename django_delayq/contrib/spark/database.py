@@ -1,0 +1,222 @@
+"""From a Django database alias to what Spark needs: one configuration, never two.
+
+The executors' connection parameters come from the Django connection's own
+``get_connection_params()``; the JDBC URL from its ``settings_dict``; the
+upsert's SQL from the model's fields and ``producer``'s ``ON CONFLICT``
+clause, so a pipeline ``--on-conflict update`` means exactly what
+``enqueue(..., on_conflict="update")`` means.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_delayq.conf import get_config
+from django_delayq.contrib.spark import PipelineError
+from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan
+from django_delayq.models import Message
+
+# Shared with producer.py on purpose: the same columns, the same update rule.
+from django_delayq.producer import _INSERT_FIELDS as INSERT_FIELDS
+from django_delayq.producer import NOTIFY_CHANNEL, message_template
+from django_delayq.producer import _update_clause as update_clause
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+ARCHIVE_LOCK = "django_delayq.archive"
+
+
+def resolve_alias(alias: str | None) -> str:
+    """The alias to use (``--database``, else the router's), checked to be supported."""
+    alias = alias or router.db_for_write(Message)
+    if alias not in connections.settings:
+        raise PipelineError(f"unknown database alias {alias!r} (see settings.DATABASES)")
+    vendor = connections[alias].vendor
+    if vendor not in SUPPORTED_VENDORS:
+        raise PipelineError(f"the Spark pipeline supports PostgreSQL and SQLite, not {vendor}")
+    if vendor == "sqlite" and _sqlite_path(connections[alias]) is None:
+        raise PipelineError(
+            "an in-memory SQLite database cannot be shared with Spark; use a database file"
+        )
+    return alias
+
+
+def table(alias: str) -> str:
+    return connections[alias].ops.quote_name(Message._meta.db_table)
+
+
+def _sqlite_path(connection: BaseDatabaseWrapper) -> str | None:
+    name = str(connection.settings_dict["NAME"])
+    if name == ":memory:" or "mode=memory" in name:
+        return None
+    if name.startswith("file:"):
+        name = name[len("file:") :].split("?", 1)[0]
+    return os.path.abspath(name)
+
+
+def target(alias: str) -> DbTarget:
+    """Connection parameters for the executors, picklable (no Django objects)."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        params = {
+            k: v
+            for k, v in connection.get_connection_params().items()
+            if k not in ("cursor_factory", "context")
+        }
+        return DbTarget("postgresql", params)
+    options = connection.settings_dict.get("OPTIONS", {})
+    params = {"database": _sqlite_path(connection), "timeout": float(options.get("timeout", 30))}
+    init = tuple(s.strip() for s in str(options.get("init_command", "")).split(";") if s.strip())
+    return DbTarget("sqlite", params, init)
+
+
+def identity(alias: str) -> str:
+    """Names the database in the archive's run journal (never with a password)."""
+    connection = connections[alias]
+    if connection.vendor == "sqlite":
+        return f"sqlite:{_sqlite_path(connection)}"
+    s = connection.settings_dict
+    return f"postgresql://{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def jdbc_options(alias: str) -> dict[str, str]:
+    """Options of Spark's JDBC source for this database (Debian's JDBC drivers)."""
+    from django_delayq.contrib.spark.session import JDBC_DRIVERS
+
+    connection = connections[alias]
+    if connection.vendor == "sqlite":
+        return {"url": f"jdbc:sqlite:{_sqlite_path(connection)}", "driver": JDBC_DRIVERS["sqlite"]}
+    s = connection.settings_dict
+    host = s["HOST"] or "localhost"
+    if host.startswith("/"):
+        host = "localhost"  # JDBC speaks TCP only; a socket directory means this machine
+    options = {
+        "url": f"jdbc:postgresql://{host}:{s['PORT'] or 5432}/{s['NAME']}",
+        "driver": JDBC_DRIVERS["postgresql"],
+        # Without a fetch size the PostgreSQL driver reads a whole result into memory.
+        "fetchsize": "10000",
+    }
+    if s["USER"]:
+        options["user"] = s["USER"]
+    if s["PASSWORD"]:
+        options["password"] = s["PASSWORD"]
+    for name in ("sslmode", "sslrootcert", "sslcert", "sslkey"):
+        if s["OPTIONS"].get(name):
+            options[name] = str(s["OPTIONS"][name])
+    return options
+
+
+def load_plan(
+    alias: str, *, queue: str, kind: str, priority: int, on_conflict: str, now: datetime
+) -> LoadPlan:
+    """The SQL one partition runs to upsert the rows it loaded into ``delayq_load``.
+
+    Every column but the key, the payload and the due time is the same for
+    the whole job: they are parameters, computed here once, so a retried
+    task writes exactly what the first attempt did.
+    """
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    postgres = connection.vendor == "postgresql"
+    placeholder = "%s" if postgres else "?"
+    template = message_template(
+        queue, kind=kind, priority=priority, due=now, max_attempts=None, now=now
+    )
+    columns: list[str] = []
+    values: list[str] = []
+    params: list[Any] = []
+    for f in INSERT_FIELDS:
+        columns.append(qn(str(f.column)))
+        if f.name == "key":
+            values.append("src.key")
+        elif f.name == "payload":
+            values.append("src.payload::jsonb" if postgres else "src.payload")
+        elif f.name in ("next_attempt_time", "scheduled_time"):
+            values.append("src.due::timestamptz" if postgres else "src.due")
+        else:
+            values.append(placeholder)
+            params.append(_plain(f.get_db_prep_save(getattr(template, f.attname), connection)))
+    tbl = table(alias)
+    update = on_conflict == "update"
+    conflict = f"ON CONFLICT ({qn('queue')}, {qn('key')}) " + (
+        update_clause(connection, tbl) if update else "DO NOTHING"
+    )
+    insert = f"INSERT INTO {tbl} ({', '.join(columns)}) SELECT {', '.join(values)} "
+    if postgres:
+        # One row per key: the first occurrence with ignore, the last with update
+        # (ON CONFLICT DO UPDATE may not touch a row twice in one statement).
+        sql = (
+            "WITH src AS (SELECT DISTINCT ON (key) key, payload, due FROM pg_temp.delayq_load "
+            f"ORDER BY key, ord {'DESC' if update else 'ASC'}), "
+            f"ins AS ({insert}FROM src {conflict} "
+            f"RETURNING (xmax = 0) AS created, {qn('next_attempt_time')} AS due) "
+            "SELECT count(*) FILTER (WHERE created), count(*) FILTER (WHERE NOT created), "
+            "min(due) FROM ins"
+        )
+        notify = NOTIFY_CHANNEL if get_config()["NOTIFY"] else None
+        return LoadPlan(target(alias), queue, sql, tuple(params), notify_channel=notify)
+    sql = (
+        f"{insert}FROM temp.delayq_load AS src WHERE src.ord IN "
+        f"(SELECT {'max' if update else 'min'}(ord) FROM temp.delayq_load GROUP BY key) "
+        f"ORDER BY src.key {conflict}"
+    )
+    existing = (
+        f"SELECT count(*) FROM {tbl} WHERE {qn('queue')} = ? "
+        f"AND {qn('key')} IN (SELECT key FROM temp.delayq_load)"
+    )
+    return LoadPlan(target(alias), queue, sql, tuple(params), existing_sql=existing)
+
+
+def _plain(value: Any) -> Any:
+    """A parameter without Django types (e.g. a ``TextChoices`` member), for the executors.
+
+    cloudpickle ships such objects by reference, and importing their module
+    on an executor would import Django models there.
+    """
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def delete_plan(alias: str) -> DeletePlan:
+    return DeletePlan(target(alias), table(alias))
+
+
+@contextmanager
+def archive_lock(alias: str) -> Iterator[None]:
+    """One archive run per database at a time, released even if the process is killed.
+
+    PostgreSQL: a session advisory lock on Django's connection. SQLite: an
+    ``flock`` on a file beside the database. Both go away with the process,
+    so a killed run never leaves a stale lock for the re-run to trip over.
+    """
+    connection = connections[alias]
+    busy = PipelineError(f"another delayq_pipeline archive is running on database {alias!r}")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [ARCHIVE_LOCK])
+            if not cursor.fetchone()[0]:
+                raise busy
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [ARCHIVE_LOCK])
+        return
+    path = Path(f"{_sqlite_path(connection)}.delayq-archive.lock")
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

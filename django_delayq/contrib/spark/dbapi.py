@@ -1,0 +1,270 @@
+"""What Spark's executors run against the database: bulk upsert and guarded delete.
+
+This module runs inside Spark's Python workers, possibly on other machines,
+so it imports neither Django nor the rest of the project: the connection
+parameters, the SQL and its parameters are built on the driver from Django's
+own connection (``database.py``) and shipped in small picklable plans.
+
+Both writers are idempotent, which is what makes a retried Spark task
+harmless: a partition's rows are upserted on ``(queue, key)``, so a second
+attempt finds them and counts them as ignored; a delete names exact row
+versions, so a second attempt deletes nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import Any
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+# Rows per transaction: a partition commits every this many rows, so a big
+# input never holds one giant transaction and workers start consuming early.
+LOAD_BATCH_ROWS = 50_000
+DELETE_BATCH_ROWS = 20_000
+
+_PG_TEMP = (
+    "CREATE TEMP TABLE IF NOT EXISTS delayq_load "
+    "(ord bigint, key text, payload text, due text) ON COMMIT DELETE ROWS"
+)
+_SQLITE_TEMP = (
+    "CREATE TEMP TABLE IF NOT EXISTS delayq_load (ord INTEGER, key TEXT, payload TEXT, due TEXT)"
+)
+
+
+@dataclass(frozen=True)
+class DbTarget:
+    """How an executor connects: the driver's Django connection, minus Django."""
+
+    vendor: str  # "postgresql" or "sqlite"
+    params: dict[str, Any]  # keyword arguments of psycopg.connect / sqlite3.connect
+    init_sql: tuple[str, ...] = ()  # SQLite PRAGMAs from OPTIONS["init_command"]
+
+
+def connect(target: DbTarget) -> Any:
+    if target.vendor == "postgresql":
+        import psycopg
+
+        return psycopg.connect(**target.params)
+    conn = sqlite3.connect(**target.params, isolation_level=None)
+    for statement in target.init_sql:
+        conn.execute(statement)
+    return conn
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """A partition's bulk upsert: temp table in, one ``INSERT ... SELECT`` out."""
+
+    target: DbTarget
+    queue: str
+    upsert_sql: str
+    upsert_params: tuple[Any, ...]
+    # SQLite only: how many of the loaded keys exist already (created vs updated).
+    existing_sql: str = ""
+    notify_channel: str | None = None  # PostgreSQL with DELAYQ["NOTIFY"]
+    batch_rows: int = LOAD_BATCH_ROWS
+
+
+@dataclass
+class LoadCounts:
+    rows: int = 0
+    created: int = 0
+    updated: int = 0
+    ignored: int = 0
+    transactions: int = 0
+    notifies: int = 0
+
+    def add(self, rows: int, created: int, updated: int) -> None:
+        self.rows += rows
+        self.created += created
+        self.updated += updated
+        self.ignored += rows - created - updated
+        self.transactions += 1
+
+    def as_tuple(self) -> tuple[int, int, int, int, int, int]:
+        return (
+            self.rows,
+            self.created,
+            self.updated,
+            self.ignored,
+            self.transactions,
+            self.notifies,
+        )
+
+
+def write_partition(plan: LoadPlan, rows: Iterable[Any]) -> Iterator[tuple[int, ...]]:
+    """Upsert one partition's ``(key, payload_json, due_text)`` rows; yield its counts.
+
+    One connection for the whole task; one transaction per ``batch_rows``
+    rows. Within a batch a repeated key is written once (the first
+    occurrence with ``ignore``, the last with ``update``) and the others are
+    counted as ignored, like ``enqueue_many``.
+    """
+    writer = _write_postgresql if plan.target.vendor == "postgresql" else _write_sqlite
+    yield writer(plan, iter(rows)).as_tuple()
+
+
+def _write_postgresql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+    counts = LoadCounts()
+    with connect(plan.target) as conn:
+        cur = conn.cursor()
+        cur.execute(_PG_TEMP)
+        while True:
+            loaded = 0
+            with cur.copy("COPY delayq_load (ord, key, payload, due) FROM STDIN") as copy:
+                for loaded, row in enumerate(islice(rows, plan.batch_rows), 1):
+                    copy.write_row((loaded, row[0], row[1], row[2]))
+            if not loaded:
+                conn.rollback()
+                break
+            cur.execute(plan.upsert_sql, plan.upsert_params)
+            created, updated, first_due = cur.fetchone()
+            if plan.notify_channel and (created or updated):
+                # Delivered on commit: one wake-up per transaction, not per row.
+                body = json.dumps({"queue": plan.queue, "due": first_due.timestamp()})
+                cur.execute("SELECT pg_notify(%s, %s)", [plan.notify_channel, body])
+                counts.notifies += 1
+            conn.commit()
+            counts.add(loaded, created, updated)
+    return counts
+
+
+def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+    counts = LoadCounts()
+    conn = connect(plan.target)
+    try:
+        conn.execute(_SQLITE_TEMP)
+        while True:
+            batch = list(islice(rows, plan.batch_rows))
+            if not batch:
+                break
+            # IMMEDIATE: the write lock from the start, so the count of
+            # existing keys below cannot change before the upsert.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(
+                    "INSERT INTO temp.delayq_load VALUES (?, ?, ?, ?)",
+                    ((i, r[0], r[1], r[2]) for i, r in enumerate(batch)),
+                )
+                distinct = conn.execute("SELECT count(DISTINCT key) FROM temp.delayq_load")
+                keys = distinct.fetchone()[0]
+                existing = conn.execute(plan.existing_sql, [plan.queue]).fetchone()[0]
+                before = conn.total_changes
+                conn.execute(plan.upsert_sql, plan.upsert_params)
+                written = conn.total_changes - before
+                conn.execute("DELETE FROM temp.delayq_load")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            created = keys - existing
+            counts.add(len(batch), created, written - created)
+    finally:
+        conn.close()
+    return counts
+
+
+# -- the archive's delete -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    """Delete archived rows, each only if it is still the version archived."""
+
+    target: DbTarget
+    table: str  # quoted
+    finished: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+    batch_rows: int = DELETE_BATCH_ROWS
+
+
+def delete_partition(plan: DeletePlan, rows: Iterable[Any]) -> Iterator[tuple[int, int]]:
+    """Delete ``(id, status, attempt_count, updated_us, finished_us)`` rows; yield (deleted, kept).
+
+    A row is deleted only if it is still finished with the same status,
+    attempt count, ``updated_at`` and ``finished_at`` as the archived copy:
+    every writer of the queue columns bumps ``updated_at``, so a message
+    retried from the admin since it was read (even one that has finished
+    again) no longer matches, and stays. ``kept`` counts such rows.
+    """
+    deleter = _delete_postgresql if plan.target.vendor == "postgresql" else _delete_sqlite
+    deleted = kept = 0
+    it = iter(rows)
+    conn = connect(plan.target)
+    try:
+        while batch := list(islice(it, plan.batch_rows)):
+            d, k = deleter(plan, conn, batch)
+            deleted += d
+            kept += k
+    finally:
+        conn.close()
+    yield deleted, kept
+
+
+def _delete_postgresql(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
+    ids, statuses, attempts, updated, finished = (list(col) for col in zip(*batch, strict=True))
+    finished_sql = ", ".join(f"'{s}'" for s in plan.finished)
+    with conn.transaction():
+        cur = conn.cursor()
+        # Re-checked by the DELETE itself: a row updated concurrently is
+        # re-evaluated against its new version (READ COMMITTED) and skipped.
+        cur.execute(
+            f"DELETE FROM {plan.table} AS t USING unnest("
+            "%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[]"
+            ") AS a(id, status, attempt_count, updated_us, finished_us) "
+            "WHERE t.id = a.id AND t.status = a.status "
+            f"AND t.status IN ({finished_sql}) AND t.attempt_count = a.attempt_count "
+            "AND t.updated_at = 'epoch'::timestamptz + a.updated_us * interval '1 microsecond' "
+            "AND t.finished_at = 'epoch'::timestamptz + a.finished_us * interval '1 microsecond'",
+            [ids, statuses, attempts, updated, finished],
+        )
+        deleted = cur.rowcount
+        cur.execute(f"SELECT count(*) FROM {plan.table} WHERE id = ANY(%s::bigint[])", [ids])
+        kept = cur.fetchone()[0]
+    return deleted, kept
+
+
+def _sqlite_micros(value: Any) -> int | None:
+    """Microseconds since the epoch of a datetime Django stored as text on SQLite."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(str(value))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - EPOCH) // MICROSECOND
+
+
+def _delete_sqlite(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
+    wanted = {row[0]: tuple(row[1:]) for row in batch}
+    ids = json.dumps(list(wanted))
+    # SQLite runs one writer at a time: between this IMMEDIATE transaction's
+    # read of the current versions and its DELETE, nothing else can write.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute(
+            f"SELECT id, status, attempt_count, updated_at, finished_at FROM {plan.table} "
+            "WHERE id IN (SELECT value FROM json_each(?))",
+            [ids],
+        ).fetchall()
+        matching = [
+            pk
+            for pk, status, attempts, updated_at, finished_at in current
+            if status in plan.finished
+            and (status, attempts, _sqlite_micros(updated_at), _sqlite_micros(finished_at))
+            == wanted[pk]
+        ]
+        conn.execute(
+            f"DELETE FROM {plan.table} WHERE id IN (SELECT value FROM json_each(?))",
+            [json.dumps(matching)],
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(matching), len(current) - len(matching)

@@ -1,0 +1,558 @@
+"""``delayq_pipeline enqueue``: one message per row of a data set, idempotently.
+
+The job in three steps, all but the last read-only:
+
+1. **Options and schema** are checked before Spark reads a row: the queue,
+   kind and priority as ``enqueue`` checks them; the key, payload and run-at
+   columns exist and have types JSON can hold.
+2. **Every row is validated in the JVM** (a key that is null, empty, over 255
+   characters or holds NUL; a NaN or an infinity, which JSON cannot hold; a
+   NUL character, which PostgreSQL's JSON cannot store; a payload over
+   ``MAX_PAYLOAD_SIZE``; a run-at value that is no timestamp). If more than
+   ``max_reject_rate`` of the rows fail, the job stops with the first
+   reason and nothing is written; otherwise the failing rows go to a rejects
+   file and the rest go on.
+3. **Each partition upserts its rows** through one connection
+   (``dbapi.write_partition``): COPY into a temporary table, then one
+   ``INSERT ... SELECT ... ON CONFLICT (queue, key)`` per 50,000 rows, each
+   its own transaction with one NOTIFY. Keys make it idempotent: a retried
+   task, or a re-run of the whole job, finds its rows already there.
+
+Payloads are encoded by Spark's ``to_json`` in the JVM, so the Python
+workers only stream three strings per row into COPY.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from django_delayq import clock
+from django_delayq.conf import get_config
+from django_delayq.contrib.spark import PipelineError, database, dbapi
+from django_delayq.contrib.spark.storage import java_message
+from django_delayq.models import KEY_MAX_LENGTH
+from django_delayq.producer import check_priority
+from django_delayq.registry import validate_kind, validate_queue_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType
+
+FORMATS = ("csv", "parquet", "json")
+ON_CONFLICT = ("ignore", "update")
+DEFAULT_MAX_REJECT_RATE = 0.01
+_EXTENSIONS = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
+_COMPRESSION = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".deflate")
+_URL = re.compile(r"^[A-Za-z][\w+.-]*://")
+CORRUPT = "_corrupt_record"
+# How to_json writes what JSON has no type for: ISO 8601, in UTC.
+JSON_OPTIONS = {
+    "ignoreNullFields": "false",
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+    "dateFormat": "yyyy-MM-dd",
+}
+
+
+@dataclass(frozen=True)
+class EnqueueOptions:
+    source: str
+    queue: str
+    format: str | None = None  # inferred from the file names when None
+    key_column: str | None = None  # None: a SHA-256 of the whole row
+    payload_columns: tuple[str, ...] | None = None  # None: every column
+    kind: str = ""
+    priority: int = 0
+    delay: float | None = None  # seconds; every row due at start + delay
+    run_at_column: str | None = None
+    on_conflict: str = "ignore"
+    partitions: int | None = None  # None: the source's own partitioning
+    database: str | None = None
+    max_reject_rate: float = DEFAULT_MAX_REJECT_RATE
+    rejects_path: str | None = None  # None: beside the source
+
+
+@dataclass(frozen=True)
+class EnqueueSummary:
+    source: str
+    format: str
+    queue: str
+    rows: int  # rows read
+    created: int
+    updated: int
+    ignored: int
+    rejected: int
+    rejects_path: str | None
+    partitions: int
+    transactions: int
+    seconds: float  # from reading to the last commit (the session was already up)
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- step 1: options and schema ---------------------------------------------------
+
+
+def is_url(source: str) -> bool:
+    return bool(_URL.match(source))
+
+
+def infer_format(source: str) -> str:
+    """``csv`` / ``parquet`` / ``json`` from the file name(s), else a :class:`PipelineError`."""
+    names = [source]
+    if not is_url(source) and os.path.isdir(source):
+        names = [
+            n
+            for n in sorted(os.listdir(source))
+            if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(source, n))
+        ]
+        if not names:
+            raise PipelineError(f"SOURCE {source} is an empty directory")
+    found = set()
+    for name in names:
+        stem = name.lower()
+        for suffix in _COMPRESSION:
+            stem = stem.removesuffix(suffix)
+        found.add(_EXTENSIONS.get(os.path.splitext(stem)[1]))
+    if len(found) == 1 and None not in found:
+        return str(found.pop())
+    raise PipelineError(f"cannot tell the format of {source}; pass --format csv|parquet|json")
+
+
+def default_rejects_path(source: str) -> str:
+    """``_<name>.rejects.jsonl`` beside SOURCE (``_``: Spark skips it when reading the folder)."""
+    name = source.rstrip("/").rsplit("/", 1)[-1] or "source"
+    if is_url(source):
+        return os.path.abspath(f"_{name}.rejects.jsonl")
+    parent = Path(source.rstrip("/")).resolve().parent
+    if not os.access(parent, os.W_OK):
+        return os.path.abspath(f"_{name}.rejects.jsonl")
+    return str(parent / f"_{name}.rejects.jsonl")
+
+
+def validate_options(options: EnqueueOptions) -> EnqueueOptions:
+    """Everything that can be checked without Spark; returns the options completed."""
+    try:
+        validate_queue_name(options.queue)
+        validate_kind(options.kind)
+        check_priority(options.priority)
+    except (TypeError, ValueError) as exc:
+        raise PipelineError(str(exc)) from exc
+    if options.delay is not None and options.run_at_column is not None:
+        raise PipelineError("pass either --delay or --run-at-column, not both")
+    if options.delay is not None and options.delay < 0:
+        raise PipelineError(f"--delay must not be negative, got {options.delay:g}")
+    if options.on_conflict not in ON_CONFLICT:
+        raise PipelineError(f"--on-conflict must be ignore or update, got {options.on_conflict!r}")
+    if options.partitions is not None and options.partitions < 1:
+        raise PipelineError(f"--partitions must be at least 1, got {options.partitions}")
+    if not 0 <= options.max_reject_rate <= 1:
+        raise PipelineError(f"--max-reject-rate must be from 0 to 1, got {options.max_reject_rate}")
+    if options.payload_columns is not None and not options.payload_columns:
+        raise PipelineError("--payload-columns names no column")
+    if options.format is not None and options.format not in FORMATS:
+        raise PipelineError(f"--format must be csv, parquet or json, got {options.format!r}")
+    source = options.source
+    if not is_url(source):
+        if not os.path.exists(source):
+            raise PipelineError(f"SOURCE {source} does not exist")
+        if not os.access(source, os.R_OK) or (
+            os.path.isdir(source) and not os.access(source, os.X_OK)
+        ):
+            raise PipelineError(f"SOURCE {source} is not readable")
+    fmt = options.format or infer_format(source)
+    alias = database.resolve_alias(options.database)
+    rejects = options.rejects_path or default_rejects_path(source)
+    return replace(options, format=fmt, database=alias, rejects_path=rejects)
+
+
+def read_source(spark: SparkSession, source: str, fmt: str) -> DataFrame:
+    """The data set as Spark reads it; CSV dates and timestamps stay the text they were."""
+    from pyspark.sql.types import DateType, StructField, StructType, TimestampNTZType, TimestampType
+
+    try:
+        if fmt == "parquet":
+            return spark.read.parquet(source)
+        if fmt == "json":
+            return spark.read.option("mode", "PERMISSIVE").json(source)
+        reader = spark.read.option("header", True).option("mode", "PERMISSIVE")
+        inferred = reader.option("inferSchema", True).csv(source).schema
+        # CSV has no date type: a column Spark guessed to be one keeps its text.
+        text = StructType(
+            [
+                StructField(f.name, _string(), True)
+                if isinstance(f.dataType, DateType | TimestampType | TimestampNTZType)
+                else f
+                for f in inferred.fields
+            ]
+        )
+        return reader.schema(text).csv(source)
+    except Exception as exc:
+        raise PipelineError(f"cannot read {source} as {fmt}: {java_message(exc)}") from exc
+
+
+def _string() -> DataType:
+    from pyspark.sql.types import StringType
+
+    return StringType()
+
+
+def json_problem(dtype: DataType) -> str | None:
+    """Why a column of this type cannot go into a JSON payload, or None if it can."""
+    from pyspark.sql import types as T
+
+    if isinstance(
+        dtype,
+        T.StringType
+        | T.BooleanType
+        | T.ByteType
+        | T.ShortType
+        | T.IntegerType
+        | T.LongType
+        | T.FloatType
+        | T.DoubleType
+        | T.DecimalType
+        | T.DateType
+        | T.TimestampType
+        | T.TimestampNTZType
+        | T.NullType,
+    ):
+        return None
+    if isinstance(dtype, T.ArrayType):
+        return json_problem(dtype.elementType)
+    if isinstance(dtype, T.StructType):
+        return next((p for f in dtype.fields if (p := json_problem(f.dataType))), None)
+    if isinstance(dtype, T.MapType):
+        if not isinstance(dtype.keyType, T.StringType):
+            return f"{dtype.simpleString()} (JSON object keys are strings)"
+        return json_problem(dtype.valueType)
+    return dtype.simpleString()
+
+
+def _atomic(dtype: DataType) -> bool:
+    from pyspark.sql import types as T
+
+    return not isinstance(dtype, T.ArrayType | T.MapType | T.StructType | T.BinaryType)
+
+
+def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], list[str]]:
+    """The data columns and the payload columns, or a :class:`PipelineError` naming the column."""
+    from pyspark.sql import types as T
+
+    types = {f.name: f.dataType for f in df.schema.fields if f.name != CORRUPT}
+    listing = ", ".join(types) or "none"
+    source = options.source
+
+    def require(name: str, what: str) -> DataType:
+        if name not in types:
+            raise PipelineError(f"{what} {name!r} is not a column of {source} (columns: {listing})")
+        return types[name]
+
+    if options.key_column is not None:
+        dtype = require(options.key_column, "key column")
+        if not _atomic(dtype):
+            raise PipelineError(
+                f"key column {options.key_column!r} has type {dtype.simpleString()}; "
+                "a key must be text or a number"
+            )
+    if options.run_at_column is not None:
+        dtype = require(options.run_at_column, "run-at column")
+        if not isinstance(dtype, T.StringType | T.TimestampType | T.TimestampNTZType | T.DateType):
+            raise PipelineError(
+                f"run-at column {options.run_at_column!r} has type {dtype.simpleString()}; "
+                "it must hold timestamps, dates or ISO 8601 text"
+            )
+    payload = list(options.payload_columns or types)
+    for name in payload:
+        problem = json_problem(require(name, "payload column"))
+        if problem:
+            raise PipelineError(
+                f"payload column {name!r} has type {problem}, which JSON cannot hold; "
+                "convert it first or leave it out with --payload-columns"
+            )
+    return list(types), payload
+
+
+# -- step 2: row validation -----------------------------------------------------
+
+
+def _mentions(dtype: DataType, leaf: type | tuple[type, ...]) -> bool:
+    """Whether a value of ``dtype`` can hold a ``leaf`` value anywhere inside."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, leaf):
+        return True
+    if isinstance(dtype, T.ArrayType):
+        return _mentions(dtype.elementType, leaf)
+    if isinstance(dtype, T.StructType):
+        return any(_mentions(f.dataType, leaf) for f in dtype.fields)
+    if isinstance(dtype, T.MapType):
+        return _mentions(dtype.keyType, leaf) or _mentions(dtype.valueType, leaf)
+    return False
+
+
+def _any_leaf(
+    col: Column, dtype: DataType, leaf: type | tuple[type, ...], test: Callable[[Column], Column]
+) -> Column:
+    """True where ``test`` holds for some ``leaf`` value inside ``col`` (arrays, structs, maps)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, leaf):
+        return F.coalesce(test(col), F.lit(False))
+    parts: list[Column] = []
+    if isinstance(dtype, T.ArrayType):
+        elem = dtype.elementType
+        parts.append(
+            F.coalesce(F.exists(col, lambda x: _any_leaf(x, elem, leaf, test)), F.lit(False))
+        )
+    elif isinstance(dtype, T.StructType):
+        parts += [
+            _any_leaf(col[f.name], f.dataType, leaf, test)
+            for f in dtype.fields
+            if _mentions(f.dataType, leaf)
+        ]
+    elif isinstance(dtype, T.MapType):
+        for inner, items in (
+            (dtype.keyType, F.map_keys(col)),
+            (dtype.valueType, F.map_values(col)),
+        ):
+            if _mentions(inner, leaf):
+                parts.append(_any_leaf(items, T.ArrayType(inner), leaf, test))
+    return functools.reduce(lambda a, b: a | b, parts, F.lit(False))
+
+
+def _non_finite(col: Column, dtype: DataType) -> Column | None:
+    """True where a float anywhere inside ``col`` is NaN or infinite (JSON has neither)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    floats = (T.FloatType, T.DoubleType)
+    if not _mentions(dtype, floats):
+        return None
+    return _any_leaf(col, dtype, floats, lambda x: F.isnan(x) | (F.abs(x) == float("inf")))
+
+
+def _has_nul(col: Column, dtype: DataType) -> Column | None:
+    """True where a string anywhere inside ``col`` holds NUL (PostgreSQL's JSON cannot)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if not _mentions(dtype, T.StringType):
+        return None
+    return _any_leaf(col, dtype, T.StringType, lambda x: F.instr(x, "\x00") > 0)
+
+
+def _django_datetime_text(ts: Column) -> Column:
+    """How Django writes a datetime on SQLite (``str()`` of the naive UTC value)."""
+    from pyspark.sql import functions as F
+
+    return F.when(
+        F.unix_micros(ts) % 1_000_000 == 0, F.date_format(ts, "yyyy-MM-dd HH:mm:ss")
+    ).otherwise(F.date_format(ts, "yyyy-MM-dd HH:mm:ss.SSSSSS"))
+
+
+def prepare(
+    df: DataFrame, options: EnqueueOptions, columns: list[str], payload: list[str], now: datetime
+) -> DataFrame:
+    """``key``, ``payload`` (JSON text), ``due`` (text the database parses) and ``reason``.
+
+    ``reason`` is null for a valid row, else why it is rejected; ``row`` is
+    the whole row as JSON, for the rejects file.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    row_json = F.to_json(F.struct(*[df[c] for c in columns]), JSON_OPTIONS)
+    payload_json = F.to_json(F.struct(*[df[c] for c in payload]), JSON_OPTIONS)
+    checks: list[tuple[Column, Column]] = []
+    if CORRUPT in types:
+        checks.append((df[CORRUPT].isNotNull(), F.lit("malformed JSON line")))
+
+    if options.key_column is None:
+        key = F.sha2(row_json, 256)  # deterministic: the same row always gets the same key
+    else:
+        name = options.key_column
+        key = df[name].cast("string")
+        checks += [
+            (key.isNull(), F.lit(f"key column {name!r} is null")),
+            (key == "", F.lit(f"key column {name!r} is empty")),
+            (
+                F.length(key) > KEY_MAX_LENGTH,
+                F.concat(
+                    F.lit(f"key column {name!r} is "),
+                    F.length(key).cast("string"),
+                    F.lit(f" characters, over {KEY_MAX_LENGTH}"),
+                ),
+            ),
+            (F.instr(key, "\x00") > 0, F.lit(f"key column {name!r} contains a NUL character")),
+        ]
+
+    if options.run_at_column is not None:
+        name = options.run_at_column
+        raw = df[name]
+        dtype = types[name]
+        if isinstance(dtype, T.StringType):
+            due = F.try_to_timestamp(raw)
+        elif isinstance(dtype, T.TimestampType):
+            due = raw
+        else:  # a date, or a timestamp without zone: read in UTC (the session's zone)
+            due = raw.cast("timestamp")
+        checks += [
+            (raw.isNull(), F.lit(f"run-at column {name!r} is empty")),
+            (
+                due.isNull(),
+                F.concat(F.lit(f"run-at column {name!r} is not a timestamp: "), raw.cast("string")),
+            ),
+        ]
+    else:
+        due = F.lit(now + timedelta(seconds=options.delay or 0))
+
+    for name in payload:
+        bad = _non_finite(df[name], types[name])
+        if bad is not None:
+            checks.append((bad, F.lit(f"payload column {name!r} holds NaN or an infinity")))
+        nul = _has_nul(df[name], types[name])
+        if nul is not None:
+            checks.append((nul, F.lit(f"payload column {name!r} contains a NUL character")))
+    limit = get_config()["MAX_PAYLOAD_SIZE"]
+    if limit:
+        size = F.octet_length(payload_json)
+        checks.append(
+            (
+                size > limit,
+                F.concat(
+                    F.lit("payload is "),
+                    size.cast("string"),
+                    F.lit(f" bytes, over DELAYQ['MAX_PAYLOAD_SIZE'] ({limit})"),
+                ),
+            )
+        )
+
+    reason: Column = F.lit(None).cast("string")
+    for condition, text in reversed(checks):  # the first failing check names the row
+        reason = F.when(F.coalesce(condition, F.lit(False)), text).otherwise(reason)
+
+    postgres = connections[str(options.database)].vendor == "postgresql"
+    due_text = (
+        F.date_format(due, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
+        if postgres
+        else _django_datetime_text(due)
+    )
+    return df.select(
+        key.alias("key"),
+        payload_json.alias("payload"),
+        due_text.alias("due"),
+        reason.alias("reason"),
+        row_json.alias("row"),
+    )
+
+
+def write_rejects(prepared: DataFrame, path: str) -> None:
+    """The rejected rows as JSON lines: ``{"reason": ..., "row": {...}}``."""
+    from pyspark.sql import functions as F
+
+    rejected = prepared.filter(F.col("reason").isNotNull()).select("reason", "row")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        for record in rejected.toLocalIterator():
+            out.write(f'{{"reason": {json.dumps(record["reason"])}, "row": {record["row"]}}}\n')
+    os.replace(tmp, path)
+
+
+# -- the job --------------------------------------------------------------------
+
+
+def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
+    """Validate, then enqueue every valid row; see the module docstring."""
+    from pyspark.sql import functions as F
+
+    options = validate_options(options)
+    started = time.perf_counter()
+    now = clock.now()
+    fmt = str(options.format)
+    alias = str(options.database)
+    sc = spark.sparkContext
+    df = read_source(spark, options.source, fmt)
+    columns, payload = check_schema(df, options)
+    prepared = prepare(df, options, columns, payload, now)
+
+    sc.setJobDescription(f"delayq enqueue: validate {options.source}")
+    try:
+        stats = prepared.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count("reason").alias("rejected"),
+            F.first(
+                F.when(
+                    F.col("reason").isNotNull(),
+                    F.concat(F.col("reason"), F.lit(" in row "), F.substring("row", 1, 200)),
+                ),
+                ignorenulls=True,
+            ).alias("first"),
+        ).first()
+    except Exception as exc:
+        raise PipelineError(f"cannot read {options.source}: {java_message(exc)}") from exc
+    assert stats is not None
+    rows, rejected = int(stats["rows"]), int(stats["rejected"])
+    if rejected and (rejected == rows or rejected > options.max_reject_rate * rows):
+        raise PipelineError(
+            f"{rejected} of {rows} row(s) of {options.source} are invalid, over "
+            f"--max-reject-rate {options.max_reject_rate:g}; nothing was written. "
+            f"First: {stats['first']}"
+        )
+    rejects_path = None
+    if rejected:
+        rejects_path = str(options.rejects_path)
+        write_rejects(prepared, rejects_path)
+
+    good = prepared.filter(F.col("reason").isNull()).select("key", "payload", "due")
+    if options.partitions:
+        good = good.repartition(options.partitions)
+    plan = database.load_plan(
+        alias,
+        queue=options.queue,
+        kind=options.kind,
+        priority=options.priority,
+        on_conflict=options.on_conflict,
+        now=now,
+    )
+    sc.setJobDescription(f"delayq enqueue: write {rows - rejected} rows to {options.queue}")
+    rdd = good.rdd
+    results = rdd.mapPartitions(functools.partial(dbapi.write_partition, plan)).collect()
+    sc.setJobDescription(None)  # type: ignore[arg-type]
+    total = [sum(r[i] for r in results) for i in range(6)]
+    return EnqueueSummary(
+        source=options.source,
+        format=fmt,
+        queue=options.queue,
+        rows=rows,
+        created=total[1],
+        updated=total[2],
+        ignored=total[3],
+        rejected=rejected,
+        rejects_path=rejects_path,
+        partitions=rdd.getNumPartitions(),
+        transactions=total[4],
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,1009 @@
+"""Cron schedules: recurring messages installed ahead as ordinary ticks.
+
+A schedule (``DELAYQ["SCHEDULES"]`` or :func:`schedule` in an app's
+``handlers.py``) produces *ticks*: messages whose key embeds the schedule
+name, a hash of its configuration and the tick time (seed 002)::
+
+    cron:nightly-report:3fa9c1e07b:2026-03-29T00:00:00Z
+
+Every worker installs the next ticks of every schedule, every
+``CRON_INSTALL_INTERVAL``. Tick times are computed the same way everywhere
+(cron expressions in the schedule's time zone, ``every`` periods aligned to
+the Unix epoch), so concurrent installers compute the same keys, and the
+unique ``(queue, key)`` constraint turns every duplicate into an ignored
+insert: no number of workers can create a tick twice. A changed
+configuration has a new hash: the pending ticks of the old one are deleted,
+and so are those of schedules that are no longer configured.
+
+Ticks that already started (running, or waiting for a retry) are never
+deleted by an installer: an occurrence that began is left to finish.
+
+This module owns every statement cron makes on the queue table: the reads
+of pending ticks, the set-based deletes and cancellations, and the inserts
+(through :func:`django_delayq.producer.enqueue`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import router, transaction
+from django.db.models import Q
+
+from django_delayq import clock
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.models import PRIORITY_MAX, PRIORITY_MIN, Message
+from django_delayq.registry import validate_kind, validate_queue_name
+
+if TYPE_CHECKING:
+    from django_delayq.registry import HandlerFunc
+
+logger = logging.getLogger("django_delayq.worker")
+
+F = TypeVar("F", bound="HandlerFunc")
+
+KEY_PREFIX = "cron:"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+NAME_MAX_LENGTH = 100
+HASH_LENGTH = 10
+TICK_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+KEY_RE = re.compile(
+    r"^cron:(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*):(?P<hash>[0-9a-f]{10}):"
+    r"(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$"
+)
+# Bumped when tick times of an unchanged configuration would change (a new
+# DST rule, say): every schedule then gets a new hash and fresh ticks.
+HASH_VERSION = 1
+
+CATCH_UP_CHOICES = ("skip", "latest")
+DEFAULT_AHEAD = 3
+MAX_AHEAD = 1000
+# A tick's default grace is the interval to the next tick, at most this.
+MAX_DEFAULT_GRACE = timedelta(hours=1)
+# ``Tick.is_late``: started more than this after its time.
+LATE_TOLERANCE = timedelta(minutes=1)
+# Most ticks one install writes for one schedule (an ``every=1`` schedule
+# with a long install interval would otherwise write thousands).
+MAX_TICKS_PER_INSTALL = 1000
+# Consecutive croniter results dropped before giving up (a safety net: a
+# repeated hour drops at most 60).
+MAX_SKIPPED_TICKS = 1000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CRON_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+OPTIONS = (
+    "queue",
+    "cron",
+    "every",
+    "payload",
+    "kind",
+    "priority",
+    "max_attempts",
+    "timezone",
+    "catch_up",
+    "ahead",
+    "grace",
+)
+
+
+class ScheduleError(ImproperlyConfigured, ValueError):
+    """A schedule cannot be used; ``check_id`` is the system check that reports it."""
+
+    def __init__(self, message: str, check_id: str = "django_delayq.E010") -> None:
+        super().__init__(message)
+        self.check_id = check_id
+
+
+# -- schedules ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One recurring message. Build it with :func:`parse_schedule` or :func:`schedule`.
+
+    Exactly one of ``cron`` (a five-field expression, read in ``timezone``)
+    and ``every`` (a whole number of seconds, aligned to the Unix epoch so
+    every worker computes the same ticks) is set.
+    """
+
+    name: str
+    queue: str
+    cron: str | None = None
+    every: timedelta | None = None
+    payload: Any = field(default_factory=dict)
+    kind: str = ""
+    priority: int = 0
+    max_attempts: int | None = None
+    timezone: str | None = None
+    catch_up: str = "skip"
+    ahead: int = DEFAULT_AHEAD
+    grace: timedelta | None = None
+    source: str = field(default="settings", compare=False)
+
+    # -- identity -------------------------------------------------------------
+
+    @cached_property
+    def config_hash(self) -> str:
+        """A stable digest of everything that shapes a tick message.
+
+        ``ahead``, ``grace`` and ``catch_up`` are left out: changing them
+        changes which ticks are installed, not what a tick is, so it must not
+        throw away the installed ones.
+        """
+        config = {
+            "v": HASH_VERSION,
+            "queue": self.queue,
+            "cron": self.cron,
+            "every": None if self.every is None else int(self.every.total_seconds()),
+            "timezone": self.timezone,
+            "payload": self.payload,
+            "kind": self.kind,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+        }
+        text = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]
+
+    @property
+    def name_prefix(self) -> str:
+        """The key prefix of every tick of this schedule, whatever its configuration."""
+        return f"{KEY_PREFIX}{self.name}:"
+
+    @property
+    def key_prefix(self) -> str:
+        """The key prefix of the ticks of this configuration."""
+        return f"{self.name_prefix}{self.config_hash}:"
+
+    def tick_key(self, time: datetime) -> str:
+        return f"{self.key_prefix}{time.astimezone(UTC).strftime(TICK_FORMAT)}"
+
+    @property
+    def spec(self) -> str:
+        """The expression or period, for people: ``cron 0 2 * * *`` / ``every 30s``."""
+        if self.cron is not None:
+            return f"cron {self.cron}"
+        assert self.every is not None
+        return f"every {_human(self.every)}"
+
+    @cached_property
+    def tzinfo(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone or "UTC")
+
+    # -- tick times -----------------------------------------------------------
+
+    def ticks(self, start: datetime, *, inclusive: bool = True) -> Iterator[datetime]:
+        """Tick times from ``start`` on (aware, UTC), strictly increasing."""
+        if self.every is not None:
+            yield from self._every_ticks(start, inclusive)
+        else:
+            yield from self._cron_ticks(start, inclusive)
+
+    def next_ticks(self, start: datetime, count: int) -> list[datetime]:
+        out: list[datetime] = []
+        for tick in self.ticks(start):
+            if len(out) >= count:
+                break
+            out.append(tick)
+        return out
+
+    def previous_tick(self, at: datetime) -> datetime | None:
+        """The last tick at or before ``at``."""
+        if self.every is not None:
+            period = _micros(self.every)
+            return EPOCH + timedelta(microseconds=(_micros(at - EPOCH) // period) * period)
+        # croniter's get_prev finds the neighbourhood; the forward walk (the
+        # one path that applies the DST rules below) decides.
+        try:
+            rough = croniter(self._expr, at.astimezone(self.tzinfo)).get_prev(datetime)
+        except Exception:
+            return None
+        found = None
+        for tick in self._cron_ticks(rough.astimezone(UTC) - timedelta(hours=3), True):
+            if tick > at:
+                break
+            found = tick
+        return found
+
+    def grace_for(self, tick: datetime) -> timedelta:
+        """How long after its time a waiting tick may still start before it is missed."""
+        if self.grace is not None:
+            return self.grace
+        following = next(self.ticks(tick, inclusive=False), None)
+        if following is None:
+            return MAX_DEFAULT_GRACE
+        return min(following - tick, MAX_DEFAULT_GRACE)
+
+    @property
+    def _expr(self) -> str:
+        assert self.cron is not None
+        return CRON_ALIASES.get(self.cron.strip().lower(), self.cron)
+
+    @cached_property
+    def _hours_fixed(self) -> bool:
+        """True unless the hour field starts with ``*`` (``*``, ``*/2``).
+
+        On a fall-back night the wall-clock hour is repeated: like Vixie
+        cron, a job at fixed hours ("30 2 * * *") runs in the first pass only,
+        while a job over every hour ("*/30 * * * *") follows real time and
+        runs in both.
+        """
+        return not self._expr.split()[1].startswith("*")
+
+    def _every_ticks(self, start: datetime, inclusive: bool) -> Iterator[datetime]:
+        assert self.every is not None
+        period = _micros(self.every)
+        since = _micros(start - EPOCH)
+        k = -(-since // period)  # ceil
+        if not inclusive and k * period == since:
+            k += 1
+        while True:
+            yield EPOCH + timedelta(microseconds=k * period)
+            k += 1
+
+    def _cron_ticks(self, start: datetime, inclusive: bool) -> Iterator[datetime]:
+        tz = self.tzinfo
+        begin = start - timedelta(microseconds=1) if inclusive else start
+        it = croniter(self._expr, begin.astimezone(tz))
+        last = begin.astimezone(UTC)
+        skipped = 0
+        while skipped < MAX_SKIPPED_TICKS:
+            local = it.get_next(datetime)
+            tick = local.astimezone(UTC)
+            if tick <= last or (self._hours_fixed and _second_occurrence(local, tz)):
+                # Two times landing on one instant (02:00 and 02:30 both
+                # become 03:00 on a spring-forward night), or a repeat.
+                skipped += 1
+                continue
+            skipped = 0
+            last = tick
+            yield tick
+
+    # -- declaring in code ----------------------------------------------------
+
+    def __call__(self, func: F) -> F:
+        """``@schedule(...)`` over a function: it becomes the ticks' handler.
+
+        The function is registered with ``@handler(queue, kind=...)`` unless
+        it is already the handler of that queue and kind (for instance
+        because ``@handler`` with options sits under ``@schedule``).
+        """
+        from django_delayq.registry import handler, registry
+
+        if not callable(func):
+            raise TypeError("@schedule must decorate a callable")
+        kind = self.kind or None
+        if not any(s.func is func and s.kind == kind for s in registry.for_queue(self.queue)):
+            handler(self.queue, kind=kind)(func)
+        return func
+
+
+def _second_occurrence(local: datetime, tz: ZoneInfo) -> bool:
+    """True for the second pass of a wall-clock time repeated by a fall-back."""
+    wall = local.replace(tzinfo=None)
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    return first < second and local.astimezone(UTC) == second
+
+
+def _micros(delta: timedelta) -> int:
+    return delta // timedelta(microseconds=1)
+
+
+def _human(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+# -- parsing and validation -------------------------------------------------------
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > NAME_MAX_LENGTH:
+        raise ScheduleError(
+            f"schedule name {name!r} must be a str of letters, digits and _ . - "
+            f"(starting with a letter or digit, at most {NAME_MAX_LENGTH} characters)"
+        )
+    return name
+
+
+def _check_cron(expr: object) -> str:
+    if not isinstance(expr, str):
+        raise ScheduleError(
+            f"cron must be a str, got {type(expr).__name__}", check_id="django_delayq.E011"
+        )
+    expanded = CRON_ALIASES.get(expr.strip().lower(), expr)
+    if len(expanded.split()) != 5 or not croniter.is_valid(expanded):
+        raise ScheduleError(
+            f"invalid cron expression {expr!r}: expected five fields "
+            "(minute hour day-of-month month day-of-week) or @hourly/@daily/@weekly/"
+            "@monthly/@yearly; use every= for periods under a minute",
+            check_id="django_delayq.E011",
+        )
+    return expr
+
+
+def _check_every(value: object) -> timedelta:
+    try:
+        period = to_timedelta(value)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ScheduleError(f"every: {exc}", check_id="django_delayq.E014") from None
+    if period <= timedelta(0):
+        raise ScheduleError(
+            f"every must be a positive period, got {value!r}", check_id="django_delayq.E014"
+        )
+    if period % timedelta(seconds=1):
+        raise ScheduleError(
+            f"every must be a whole number of seconds, got {value!r}",
+            check_id="django_delayq.E014",
+        )
+    return period
+
+
+def _check_timezone(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ScheduleError(
+            f"timezone must be an IANA time zone name such as 'Europe/Paris', got {value!r}",
+            check_id="django_delayq.E012",
+        )
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ScheduleError(
+            f"unknown time zone {value!r} (expected an IANA name such as 'Europe/Paris')",
+            check_id="django_delayq.E012",
+        ) from None
+    return value
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ScheduleError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def build_schedule(
+    name: str,
+    *,
+    queue: str,
+    cron: str | None = None,
+    every: timedelta | int | float | None = None,
+    payload: Any = None,
+    kind: str = "",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    timezone: str | None = None,
+    catch_up: str = "skip",
+    ahead: int = DEFAULT_AHEAD,
+    grace: timedelta | int | float | None = None,
+    source: str = "settings",
+) -> Schedule:
+    """Validate the options and return the :class:`Schedule`; raise :class:`ScheduleError`."""
+    from django_delayq.payload import check_payload
+
+    name = _check_name(name)
+    if (cron is None) == (every is None):
+        raise ScheduleError(
+            "set exactly one of cron= (an expression) and every= (a period); got "
+            + ("both" if cron is not None else "neither"),
+            check_id="django_delayq.E013",
+        )
+    try:
+        validate_queue_name(queue)
+        validate_kind(kind)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError(str(exc)) from None
+    period = None
+    if cron is not None:
+        cron = _check_cron(cron)
+        timezone = _check_timezone(settings.TIME_ZONE if timezone is None else timezone)
+    else:
+        period = _check_every(every)
+        if timezone is not None:
+            raise ScheduleError(
+                "timezone only applies to cron= schedules (every= periods are aligned to UTC)",
+                check_id="django_delayq.E012",
+            )
+    payload = {} if payload is None else payload
+    try:
+        check_payload(payload)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError(str(exc)) from None
+    _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
+    if max_attempts is not None:
+        _check_int("max_attempts", max_attempts, 1, 2**31 - 1)
+    if catch_up not in CATCH_UP_CHOICES:
+        raise ScheduleError(
+            f"catch_up must be one of {', '.join(CATCH_UP_CHOICES)}, got {catch_up!r}"
+        )
+    _check_int("ahead", ahead, 1, MAX_AHEAD)
+    grace_td = None
+    if grace is not None:
+        try:
+            grace_td = to_timedelta(grace)
+        except TypeError as exc:
+            raise ScheduleError(f"grace: {exc}") from None
+        if grace_td <= timedelta(0):
+            raise ScheduleError(f"grace must be positive, got {grace!r}")
+    result = Schedule(
+        name=name,
+        queue=queue,
+        cron=cron,
+        every=period,
+        payload=payload,
+        kind=kind,
+        priority=priority,
+        max_attempts=max_attempts,
+        timezone=timezone,
+        catch_up=catch_up,
+        ahead=ahead,
+        grace=grace_td,
+        source=source,
+    )
+    if cron is not None:
+        # Valid syntax that never matches a date ("0 0 30 2 *").
+        try:
+            next(result.ticks(EPOCH))
+        except Exception:
+            raise ScheduleError(
+                f"cron expression {cron!r} never fires", check_id="django_delayq.E011"
+            ) from None
+    return result
+
+
+def parse_schedule(name: str, options: object) -> Schedule:
+    """A schedule from its ``DELAYQ["SCHEDULES"]`` entry."""
+    if not isinstance(options, Mapping):
+        raise ScheduleError(f"must be a dict of options, got {type(options).__name__}")
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ScheduleError(
+            f"unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(OPTIONS)}"
+        )
+    if "queue" not in options:
+        raise ScheduleError("queue is required")
+    return build_schedule(name, **options)
+
+
+# -- the schedules in force -------------------------------------------------------
+
+_declared: dict[str, Schedule] = {}
+
+
+def schedule(
+    name: str,
+    *,
+    queue: str,
+    cron: str | None = None,
+    every: timedelta | int | float | None = None,
+    payload: Any = None,
+    kind: str = "",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    timezone: str | None = None,
+    catch_up: str = "skip",
+    ahead: int = DEFAULT_AHEAD,
+    grace: timedelta | int | float | None = None,
+) -> Schedule:
+    """Declare a schedule in code (an app's ``handlers.py``); same options as the setting.
+
+    Call it, or use it as a decorator over the function that handles the
+    ticks (which it then registers with ``@handler``)::
+
+        @schedule("nightly-report", queue="reports", cron="0 2 * * *", timezone="Europe/Paris")
+        def nightly_report(message): ...
+
+    Options are validated here, so a typo fails at import, like
+    ``@handler``'s. A ``DELAYQ["SCHEDULES"]`` entry of the same name
+    replaces the declaration (``None`` switches it off).
+    """
+    result = build_schedule(
+        name,
+        queue=queue,
+        cron=cron,
+        every=every,
+        payload=payload,
+        kind=kind,
+        priority=priority,
+        max_attempts=max_attempts,
+        timezone=timezone,
+        catch_up=catch_up,
+        ahead=ahead,
+        grace=grace,
+        source="code",
+    )
+    existing = _declared.get(name)
+    if existing is not None and existing != result:
+        raise ImproperlyConfigured(f"schedule {name!r} is declared twice, differently")
+    _declared[name] = result
+    return result
+
+
+def unregister_schedule(name: str) -> None:
+    """Forget a schedule declared with :func:`schedule` (tests, plugins)."""
+    _declared.pop(name, None)
+
+
+def _settings_entries() -> dict[str, object]:
+    entries = get_config().get("SCHEDULES") or {}
+    return dict(entries) if isinstance(entries, Mapping) else {}
+
+
+def schedule_problems() -> list[tuple[str, ScheduleError]]:
+    """``(name, error)`` for every unusable ``DELAYQ["SCHEDULES"]`` entry (for the checks)."""
+    entries = get_config().get("SCHEDULES") or {}
+    if not isinstance(entries, Mapping):
+        return [("", ScheduleError("DELAYQ['SCHEDULES'] must be a dict of name to options"))]
+    problems = []
+    for name, options in entries.items():
+        if options is None and name in _declared:
+            continue
+        try:
+            parse_schedule(name, options)
+        except ScheduleError as exc:
+            problems.append((str(name), exc))
+    return problems
+
+
+def get_schedules(*, log: bool = True) -> dict[str, Schedule]:
+    """Every schedule in force, by name: code declarations overridden by the setting.
+
+    Invalid setting entries are left out (and logged): the system checks
+    report them at start-up, and a worker must never crash on them.
+    """
+    schedules = dict(_declared)
+    for name, options in _settings_entries().items():
+        if options is None:
+            schedules.pop(name, None)
+            continue
+        try:
+            schedules[name] = parse_schedule(name, options)
+        except ScheduleError as exc:
+            schedules.pop(name, None)
+            if log:
+                logger.error("schedule %r is ignored: %s", name, exc)
+    return dict(sorted(schedules.items()))
+
+
+# -- ticks seen from a handler ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Which occurrence a tick message is (see :func:`tick_of`)."""
+
+    name: str
+    time: datetime
+    config_hash: str
+    late_by: timedelta
+
+    @property
+    def is_late(self) -> bool:
+        """Started more than ``LATE_TOLERANCE`` (a minute) after its time."""
+        return self.late_by > LATE_TOLERANCE
+
+
+def parse_key(key: str) -> tuple[str, str, datetime] | None:
+    """``(name, config hash, tick time)`` of a tick key, or None for any other key."""
+    match = KEY_RE.match(key)
+    if match is None:
+        return None
+    time = datetime.strptime(match["time"], TICK_FORMAT).replace(tzinfo=UTC)
+    return match["name"], match["hash"], time
+
+
+def tick_of(message: Message) -> Tick | None:
+    """The schedule name and tick time of a tick message (None for other messages).
+
+    The handler's ``message.payload`` is the schedule's payload, untouched;
+    the occurrence lives in the key. ``late_by`` is how long after its time
+    this attempt started (0 when on time).
+    """
+    parsed = parse_key(message.key)
+    if parsed is None:
+        return None
+    name, config_hash, time = parsed
+    started = message.last_attempt_time or clock.now()
+    return Tick(name, time, config_hash, max(started - time, timedelta(0)))
+
+
+# -- installing ----------------------------------------------------------------------
+
+
+@dataclass
+class InstallResult:
+    """What one install did for one schedule."""
+
+    schedule: str
+    created: int = 0
+    replaced: int = 0
+    missed: int = 0
+    caught_up: datetime | None = None
+    error: str = ""
+
+
+@dataclass
+class InstallReport:
+    results: list[InstallResult] = field(default_factory=list)
+    removed: int = 0
+
+    @property
+    def created(self) -> int:
+        return sum(r.created for r in self.results)
+
+
+@dataclass(frozen=True)
+class _TickRow:
+    id: int
+    queue: str
+    name: str
+    config_hash: str
+    time: datetime
+    untouched: bool  # pending and never attempted: an installer may delete or cancel it
+
+
+@dataclass
+class TickPlan:
+    """What to write for one schedule: computed from reads, applied in one transaction."""
+
+    install: list[datetime] = field(default_factory=list)
+    cancel: list[int] = field(default_factory=list)
+    caught_up: datetime | None = None
+
+
+def _lookahead() -> timedelta:
+    """Install far enough ahead that a running worker never lets the ticks run out.
+
+    Two install intervals (or poll intervals, if longer): an install that
+    comes late by a whole interval still finds future ticks in place.
+    """
+    config = get_config()
+    interval = to_timedelta(config["CRON_INSTALL_INTERVAL"])
+    poll = to_timedelta(config["POLL_INTERVAL"])
+    return 2 * max(interval, poll)
+
+
+def plan_ticks(
+    sched: Schedule,
+    now: datetime,
+    rows: Iterable[_TickRow],
+    *,
+    has_history: Callable[[], bool] = lambda: False,
+    exists: Callable[[datetime], bool] = lambda t: False,
+    lookahead: timedelta | None = None,
+) -> TickPlan:
+    """Decide which ticks of ``sched`` (current configuration) to install and cancel.
+
+    ``rows`` are its active tick messages; ``has_history`` tells whether an
+    earlier tick of this configuration exists; ``exists`` whether a tick's
+    message exists in any status. Pure apart from those two callbacks, so
+    the catch-up rules are unit-tested without a database.
+
+    - Future ticks: every tick from ``now`` on for ``lookahead``, and at
+      least ``ahead`` of them.
+    - A tick still waiting ``grace`` after its time is *missed* (workers
+      were stopped, or its queue was too busy): it is cancelled.
+    - ``catch_up="latest"``: the most recent missed tick runs once anyway;
+      when the installed ticks ran out while no worker ran, the last tick
+      before ``now`` is installed to run at once.
+    """
+    rows = [r for r in rows if r.config_hash == sched.config_hash]
+    known = {r.time for r in rows}
+    plan = TickPlan()
+    horizon = now + (lookahead if lookahead is not None else _lookahead())
+    for n, tick in enumerate(sched.ticks(now)):
+        if n >= MAX_TICKS_PER_INSTALL or (n >= sched.ahead and tick > horizon):
+            break
+        if tick not in known:
+            plan.install.append(tick)
+
+    overdue = sorted((r for r in rows if r.untouched and r.time <= now), key=lambda r: r.time)
+    missed = [r for r in overdue if r.time + sched.grace_for(r.time) < now]
+    if sched.catch_up == "latest":
+        newest = overdue[-1] if overdue else None
+        previous = sched.previous_tick(now)
+        if (
+            previous is not None
+            and previous < now  # a tick at ``now`` is installed above anyway
+            and previous not in known
+            and not any(t > previous for t in known)
+            and (any(t < previous for t in known) or has_history())
+            and not exists(previous)
+        ):
+            # The installed ticks ran out while no worker ran: the latest
+            # occurrence was never installed. Run it now, once.
+            plan.install.append(previous)
+            plan.caught_up = previous
+        elif newest is not None and newest in missed:
+            # Keep the newest missed tick, unless a later occurrence up to
+            # now runs anyway (or ran): then the schedule is caught up.
+            superseded = (
+                previous is not None
+                and previous > newest.time
+                and (previous in known or previous == now or exists(previous))
+            )
+            if not superseded:
+                missed.remove(newest)
+                plan.caught_up = newest.time
+    plan.cancel = [r.id for r in missed]
+    # Every installer inserts in time order, so two of them racing on the
+    # same keys wait for each other in one order and never deadlock.
+    plan.install.sort()
+    return plan
+
+
+def _db(using: str | None) -> str:
+    return using or router.db_for_write(Message)
+
+
+def _tick_rows(queues: Iterable[str], alias: str) -> list[_TickRow]:
+    """Active tick messages of ``queues``.
+
+    Filtered on ``queue`` and the active statuses so that PostgreSQL reads
+    them off the partial ``delayq_due_idx`` instead of scanning finished rows.
+    """
+    queues = sorted(set(queues))
+    if not queues:
+        return []
+    found = (
+        Message.objects.using(alias)
+        .active()
+        .filter(queue__in=queues, key__startswith=KEY_PREFIX)
+        .values_list("id", "queue", "key", "status", "attempt_count")
+    )
+    rows = []
+    for pk, queue, key, status, attempts in found:
+        parsed = parse_key(key)
+        if parsed is None:
+            continue
+        untouched = status == Message.Status.PENDING and attempts == 0
+        rows.append(_TickRow(pk, queue, *parsed, untouched=untouched))
+    return rows
+
+
+def _untouched(alias: str) -> Any:
+    """Ticks an installer may delete or cancel: pending, never attempted."""
+    return Message.objects.using(alias).filter(status=Message.Status.PENDING, attempt_count=0)
+
+
+def install_schedules(
+    now: datetime | None = None,
+    *,
+    names: Iterable[str] | None = None,
+    using: str | None = None,
+) -> InstallReport:
+    """Install the next ticks of every schedule (or of ``names``); idempotent.
+
+    Safe to run from any number of processes at once: inserts ignore
+    existing keys, and deletes and cancellations only touch ticks that are
+    pending and were never attempted (a claim that wins the race turns a
+    tick ``running``, and the statement then leaves it alone). Without
+    ``names``, the pending ticks of schedules no longer configured are
+    removed too. One schedule's failure is logged and reported, never
+    raised, so one bad schedule cannot stop the others.
+    """
+    from django_delayq.registry import registry
+
+    alias = _db(using)
+    now = now or clock.now()
+    schedules = get_schedules()
+    selected = schedules if names is None else _select(schedules, names)
+    report = InstallReport()
+    queues = {s.queue for s in schedules.values()} | set(registry.queues())
+    rows = _tick_rows(queues, alias)
+
+    if names is None:
+        orphans = [r.id for r in rows if r.untouched and r.name not in schedules]
+        if orphans:
+            report.removed = _untouched(alias).filter(id__in=orphans).delete()[0]
+            logger.info("removed %d pending tick(s) of removed schedules", report.removed)
+
+    for sched in selected.values():
+        result = InstallResult(sched.name)
+        report.results.append(result)
+        try:
+            _install_one(sched, now, [r for r in rows if r.name == sched.name], alias, result)
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            logger.exception("could not install the ticks of schedule %r", sched.name)
+    return report
+
+
+def _select(schedules: dict[str, Schedule], names: Iterable[str]) -> dict[str, Schedule]:
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in schedules]
+    if unknown:
+        raise ScheduleError(
+            f"unknown schedule(s): {', '.join(unknown)}; "
+            f"configured: {', '.join(schedules) or 'none'}"
+        )
+    return {n: schedules[n] for n in names}
+
+
+def _install_one(
+    sched: Schedule, now: datetime, rows: list[_TickRow], alias: str, result: InstallResult
+) -> None:
+    from django_delayq.producer import Outcome, enqueue
+
+    qs = Message.objects.using(alias)
+    stale = [r.id for r in rows if r.untouched and r.config_hash != sched.config_hash]
+    plan = plan_ticks(
+        sched,
+        now,
+        rows,
+        has_history=lambda: qs.filter(queue=sched.queue, key__startswith=sched.key_prefix).exists(),
+        exists=lambda t: qs.filter(queue=sched.queue, key=sched.tick_key(t)).exists(),
+    )
+    if plan.install:
+        present = set(
+            qs.filter(
+                queue=sched.queue, key__in=[sched.tick_key(t) for t in plan.install]
+            ).values_list("key", flat=True)
+        )
+        plan.install = [t for t in plan.install if sched.tick_key(t) not in present]
+    if not (stale or plan.install or plan.cancel):
+        return
+    # One transaction: a changed configuration never leaves a moment with
+    # neither the old ticks nor the new ones.
+    with transaction.atomic(using=alias):
+        if stale:
+            result.replaced = _untouched(alias).filter(id__in=stale).delete()[0]
+        if plan.cancel:
+            result.missed = _cancel_missed(sched, plan.cancel, now, alias)
+        for tick in plan.install:
+            outcome = enqueue(
+                sched.queue,
+                sched.payload,
+                key=sched.tick_key(tick),
+                kind=sched.kind,
+                run_at=tick,
+                priority=sched.priority,
+                max_attempts=sched.max_attempts,
+                on_conflict="ignore",
+                using=alias,
+            ).outcome
+            result.created += outcome is Outcome.CREATED
+    logger.debug("schedule %s: %d tick(s) installed", sched.name, result.created)
+    if result.replaced:
+        logger.info(
+            "schedule %s: configuration changed; %d pending tick(s) of the old one removed",
+            sched.name,
+            result.replaced,
+        )
+    if result.missed:
+        logger.warning(
+            "schedule %s: %d tick(s) missed (not started in time); cancelled (catch_up=%s)",
+            sched.name,
+            result.missed,
+            sched.catch_up,
+        )
+    if plan.caught_up is not None:
+        result.caught_up = plan.caught_up
+        logger.warning(
+            "schedule %s: running the missed tick of %s now (catch_up=latest)",
+            sched.name,
+            plan.caught_up.isoformat(),
+        )
+
+
+def _cancel_missed(sched: Schedule, ids: list[int], now: datetime, alias: str) -> int:
+    return (
+        _untouched(alias)
+        .filter(id__in=ids)
+        .update(
+            status=Message.Status.CANCELLED,
+            next_attempt_time=None,
+            finished_at=now,
+            updated_at=now,
+            last_error=(f"Missed: not started within its grace period (catch_up={sched.catch_up})"),
+        )
+    )
+
+
+def uninstall_schedules(names: Iterable[str] | None = None, *, using: str | None = None) -> int:
+    """Delete the pending, never attempted ticks of ``names`` (default: of every schedule).
+
+    Any configuration, any queue. Running workers install configured
+    schedules again within ``CRON_INSTALL_INTERVAL``: remove a schedule from
+    the configuration to stop it for good.
+    """
+    qs = _untouched(_db(using)).filter(key__startswith=KEY_PREFIX)
+    if names is not None:
+        prefixes = [f"{KEY_PREFIX}{_check_name(n)}:" for n in names]
+        if not prefixes:
+            return 0
+        condition = Q()
+        for prefix in prefixes:
+            condition |= Q(key__startswith=prefix)
+        qs = qs.filter(condition)
+    ids = [pk for pk, key in qs.values_list("id", "key") if parse_key(key)]
+    if not ids:
+        return 0
+    return _untouched(_db(using)).filter(id__in=ids).delete()[0]
+
+
+# -- overview (delayq_cron list, the admin) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleOverview:
+    name: str
+    queue: str
+    spec: str
+    timezone: str
+    catch_up: str
+    source: str
+    config_hash: str
+    next_runs: list[datetime]
+    installed: int
+    last_run: datetime | None
+    last_status: str
+    last_late_by: timedelta | None
+    last_error: str
+    key_prefix: str
+
+
+def schedule_overview(
+    now: datetime | None = None, *, count: int = 3, using: str | None = None
+) -> list[ScheduleOverview]:
+    """Every schedule with its next run times and its last run (time and outcome)."""
+    alias = _db(using)
+    now = now or clock.now()
+    qs = Message.objects.using(alias)
+    out = []
+    for sched in get_schedules().values():
+        ticks = qs.filter(queue=sched.queue, key__startswith=sched.name_prefix)
+        last = (
+            ticks.filter(last_attempt_time__isnull=False)
+            .order_by("-last_attempt_time")
+            .only("key", "status", "attempt_count", "last_attempt_time", "last_error")
+            .first()
+        )
+        tick = tick_of(last) if last is not None else None
+        status = ""
+        if last is not None:
+            status = str(last.status)
+            if last.status == Message.Status.PENDING:
+                status = "retrying"
+        out.append(
+            ScheduleOverview(
+                name=sched.name,
+                queue=sched.queue,
+                spec=sched.spec,
+                timezone=sched.timezone or "UTC",
+                catch_up=sched.catch_up,
+                source=sched.source,
+                config_hash=sched.config_hash,
+                next_runs=sched.next_ticks(now, count),
+                installed=ticks.filter(
+                    status=Message.Status.PENDING, key__startswith=sched.key_prefix
+                ).count(),
+                last_run=last.last_attempt_time if last is not None else None,
+                last_status=status,
+                last_late_by=tick.late_by if tick is not None else None,
+                last_error=last.error_summary() if last is not None else "",
+                key_prefix=sched.name_prefix,
+            )
+        )
+    return out

@@ -1,0 +1,272 @@
+"""Finding messages: the admin's search syntax, and the cheap value lists of its filters.
+
+Search syntax (terms are separated by spaces and combined with AND):
+
+``word``
+    matches the message key (exactly or as a prefix), its kind, its queue or
+    its last error (case-insensitive, anywhere); a whole number also matches
+    the message id. Quote a phrase to keep its spaces: ``"connection refused"``.
+``path=value``
+    matches a payload field. ``companyId=3345`` is ``payload["companyId"] ==
+    3345``; dots go down into objects: ``customer.id=7``; a number in the
+    path is a list index: ``items.0.sku=A1``. Path segments may hold letters,
+    digits, ``_`` and ``-`` (not ``__``); a term with another character is
+    ignored and reported.
+``value`` forms
+    unquoted numbers, ``true``, ``false`` and ``null`` match that JSON value
+    *and* its string form (``companyId=3345`` finds ``3345`` and ``"3345"``);
+    anything else, and every quoted value (``name="Jane Doe"``,
+    ``code='007'``), matches exactly that string.
+
+The same query runs on PostgreSQL, SQLite and MariaDB through Django's
+``JSONField`` key lookups, whose keys are always bound parameters. On
+PostgreSQL a path without list indexes is compiled to containment
+(``payload @> '{"customer": {"id": 7}}'``), which a GIN index on ``payload``
+can answer (see the README); the results are the same.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import reduce
+from typing import Any
+
+from django.db import connections, router
+from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTransform
+
+from django_delayq.models import Message
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
+_INT = re.compile(r"^-?\d+$")
+_FLOAT = re.compile(r"^-?\d+\.\d+(?:[eE][-+]?\d+)?$|^-?\d+[eE][-+]?\d+$")
+_LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
+# JSON numbers beyond 64 bits are not portable between the backends: strings only.
+_INT_LIMIT = 2**63 - 1
+_PK_LIMIT = 2**63 - 1
+
+_TOKEN = re.compile(
+    r"""
+      (?P<path>[^\s="']+)=(?:"(?P<dq>[^"]*)"?|'(?P<sq>[^']*)'?|(?P<bare>[^\s"']*))
+    | "(?P<phrase>[^"]*)"?
+    | '(?P<sphrase>[^']*)'?
+    | (?P<word>\S+)
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class FieldTerm:
+    """``path=value``: the payload value at ``path`` equals one of ``values``."""
+
+    path: tuple[str, ...]
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ParsedSearch:
+    fields: list[FieldTerm] = field(default_factory=list)
+    words: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.fields or self.words)
+
+
+def parse_value(raw: str) -> tuple[Any, ...]:
+    """The JSON values an unquoted ``raw`` matches: typed first, then its string form."""
+    if _INT.match(raw) and abs(int(raw)) <= _INT_LIMIT:
+        return (int(raw), raw)
+    if _FLOAT.match(raw):
+        return (float(raw), raw)
+    if raw in _LITERALS:
+        return (_LITERALS[raw], raw)
+    return (raw,)
+
+
+def parse_path(raw: str) -> tuple[str, ...] | None:
+    segments = tuple(raw.split("."))
+    if all(_SEGMENT.match(s) and "__" not in s for s in segments):
+        return segments
+    return None
+
+
+def parse(text: str) -> ParsedSearch:
+    """Split a search string into payload terms and words (see the module docstring)."""
+    result = ParsedSearch()
+    for match in _TOKEN.finditer(text or ""):
+        groups = match.groupdict()
+        if groups["path"] is not None:
+            path = parse_path(groups["path"])
+            if path is None:
+                result.errors.append(
+                    f"ignored {match.group(0)!r}: a payload path is made of names of letters, "
+                    "digits, _ and - separated by dots"
+                )
+                continue
+            if groups["dq"] is not None:
+                values: tuple[Any, ...] = (groups["dq"],)
+            elif groups["sq"] is not None:
+                values = (groups["sq"],)
+            else:
+                values = parse_value(groups["bare"])
+            result.fields.append(FieldTerm(path, values))
+        else:
+            word = next(
+                (groups[g] for g in ("phrase", "sphrase", "word") if groups[g] is not None), ""
+            )
+            if word.strip():
+                result.words.append(word)
+    return result
+
+
+def _nest(path: tuple[str, ...], value: Any) -> Any:
+    for segment in reversed(path):
+        value = {segment: value}
+    return value
+
+
+def key_path(path: tuple[str, ...]) -> KeyTransform:
+    """``payload -> a -> b``, built explicitly: a key named like a lookup
+    (``in``, ``lt``, ``contains``) stays a key, and every key is a bound
+    parameter in the SQL Django writes."""
+    expression = KeyTransform(path[0], "payload")
+    for segment in path[1:]:
+        expression = KeyTransform(segment, expression)
+    return expression
+
+
+def field_condition(
+    queryset: QuerySet[Message], term: FieldTerm, name: str
+) -> tuple[QuerySet[Message], Q]:
+    """The condition for one ``path=value`` term (and ``queryset`` with what it needs)."""
+    if connections[queryset.db].vendor == "postgresql" and not any(s.isdigit() for s in term.path):
+        # payload @> '{"a": {"b": v}}': the same rows as the key lookup for
+        # scalar values, and a GIN index on payload can serve it.
+        conditions = [Q(payload__contains=_nest(term.path, v)) for v in term.values]
+    else:
+        queryset = queryset.alias(**{name: key_path(term.path)})
+        conditions = [Q(**{f"{name}__exact": v}) for v in term.values]
+    return queryset, reduce(operator.or_, conditions)
+
+
+def word_condition(word: str) -> Q:
+    condition = (
+        Q(key__startswith=word)
+        | Q(kind__icontains=word)
+        | Q(queue__icontains=word)
+        | Q(last_error__icontains=word)
+    )
+    if word.isdigit() and int(word) <= _PK_LIMIT:
+        condition |= Q(pk=int(word))
+    return condition
+
+
+def apply(queryset: QuerySet[Message], search: ParsedSearch | str) -> QuerySet[Message]:
+    """``queryset`` narrowed by every term of ``search``."""
+    if isinstance(search, str):
+        search = parse(search)
+    if not search:
+        return queryset
+    conditions = []
+    for i, term in enumerate(search.fields):
+        queryset, condition = field_condition(queryset, term, f"_delayq_search_{i}")
+        conditions.append(condition)
+    conditions += [word_condition(w) for w in search.words]
+    return queryset.filter(*conditions)
+
+
+# -- filter choices -------------------------------------------------------------
+
+# Distinct values of an indexed column by a "loose index scan": each step
+# reads the next larger value off the index, so listing the 5 queues of a
+# table of a million messages reads about 5 index entries instead of every
+# row. (PostgreSQL before 18 has no skip scan; SQLite plans it the same way.)
+_DISTINCT_SQL = """
+WITH RECURSIVE v(x) AS (
+    SELECT (SELECT {col} FROM {table} WHERE {where} ORDER BY {col} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT {col} FROM {table} WHERE {where} AND {col} > v.x ORDER BY {col} LIMIT 1)
+    FROM v WHERE v.x IS NOT NULL
+)
+SELECT x FROM v WHERE x IS NOT NULL LIMIT %s
+"""
+
+# Columns that lead an index, with that index's condition: queue (the
+# (queue, key) unique constraint) and kind (delayq_kind_idx, partial: without
+# the empty kind, which distinct_values() never returns).
+DISTINCT_COLUMNS = {"queue": "1 = 1", "kind": "NOT ({col} = '')"}
+
+
+def distinct_values(column: str, *, limit: int = 200, using: str | None = None) -> list[str]:
+    """Up to ``limit`` distinct values of ``queue`` or ``kind``, in order, without a full scan.
+
+    The empty kind is left out: it is not in the kind index, and the admin's
+    kind filter offers it anyway.
+    """
+    if column not in DISTINCT_COLUMNS:
+        raise ValueError(f"column must be one of {tuple(DISTINCT_COLUMNS)}, got {column!r}")
+    alias = using or router.db_for_read(Message)
+    connection = connections[alias]
+    if connection.vendor in ("postgresql", "sqlite"):
+        col = connection.ops.quote_name(column)
+        sql = _DISTINCT_SQL.format(
+            col=col,
+            table=connection.ops.quote_name(Message._meta.db_table),
+            where=DISTINCT_COLUMNS[column].format(col=col),
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [limit])
+            return [row[0] for row in cursor.fetchall()]
+    # MySQL/MariaDB plan this DISTINCT as a loose index scan themselves.
+    return list(
+        Message.objects.using(alias)
+        .exclude(**{column: ""})
+        .order_by(column)
+        .values_list(column, flat=True)
+        .distinct()[:limit]
+    )
+
+
+# -- cheap figures for the changelist ------------------------------------------------
+
+
+def estimated_count(using: str | None = None) -> int | None:
+    """PostgreSQL's own estimate of the table's rows (``pg_class.reltuples``).
+
+    Kept up to date by autovacuum/ANALYZE; reading it costs nothing, while an
+    exact ``COUNT(*)`` reads the whole table. None on other databases, and
+    while PostgreSQL has no estimate yet.
+    """
+    connection = connections[using or router.db_for_read(Message)]
+    if connection.vendor != "postgresql":
+        return None
+    table = connection.ops.quote_name(Message._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cursor.fetchone()
+    if row is None or row[0] is None or row[0] < 0:
+        return None
+    return int(row[0])
+
+
+def created_bounds(using: str | None = None) -> tuple[datetime, datetime] | None:
+    """``created_at`` of the oldest and the newest message, read off the primary key.
+
+    Ids grow with creation time, so the first and last rows by id bound the
+    dates without an index on ``created_at`` (whose ``MIN``/``MAX`` would read
+    the whole table). Rows created with an explicit, out-of-order
+    ``created_at`` can fall outside; the date hierarchy only offers links.
+    """
+    rows = Message.objects.using(using or router.db_for_read(Message)).values_list(
+        "created_at", flat=True
+    )
+    first = rows.order_by("pk").first()
+    last = rows.order_by("-pk").first()
+    if first is None or last is None:
+        return None
+    return min(first, last), max(first, last)

@@ -1,0 +1,140 @@
+"""One message's page: payload, error, timeline, worker, buttons, what may be edited."""
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_delayq.models import Message
+from tests.admin.message_pages import change_url, one_of_each, operation_url
+from tests.factories import MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def states(fake_clock):
+    return one_of_each(fake_clock())
+
+
+def page(client, message) -> str:
+    response = client.get(change_url(message.pk))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def form_data(message, **changes):
+    data = {
+        "kind": message.kind,
+        "priority": str(message.priority),
+        "max_attempts": "" if message.max_attempts is None else str(message.max_attempts),
+        "payload": json.dumps(message.payload),
+    }
+    data.update(changes)
+    return data
+
+
+def test_payload_is_pretty_printed(admin_client):
+    message = MessageFactory(payload={"customer": {"id": 7, "name": "Zoë"}})
+    html = page(admin_client, message)
+    assert "{\n  &quot;customer&quot;: {\n    &quot;id&quot;: 7," in html
+    assert "Zoë" in html
+
+
+def test_full_error_and_traceback(admin_client, states):
+    html = page(admin_client, states["failed"])
+    assert '<pre class="dq-pre dq-error">app.Boom: card declined\nsecond line</pre>' in html
+    assert "Traceback (most recent call last):\n  File &quot;x.py&quot;" in html
+
+
+def test_timeline_and_redelivery(admin_client, states, fake_clock):
+    html = page(admin_client, states["pending_later"])
+    for label in ("Created at", "First scheduled", "Next attempt", "Last attempt time", "Finished"):
+        assert label in html
+    assert "(in 5 min)" in html
+    redelivered = MessageFactory(attempt_count=2)
+    assert 'alt="True"' in page(admin_client, redelivered).split("field-redelivery")[1][:400]
+
+
+def test_lock_owner_and_lease_while_running(admin_client, states):
+    running = states["running"]
+    html = page(admin_client, running)
+    assert "web-1:4242" in html
+    assert str(running.lock_token) in html
+    assert "lease ends in 40 s" in html
+    assert "Running on web-1:4242" in html
+    assert "not running" in page(admin_client, states["pending_due"])
+
+
+@pytest.mark.parametrize(
+    ("state", "buttons"),
+    [
+        ("pending_later", {"run_now", "cancel", "reschedule", "reprioritise"}),
+        ("pending_due", {"cancel", "reschedule", "reprioritise"}),
+        ("running", {"reprioritise"}),
+        ("failed", {"retry_failed"}),
+        ("succeeded", set()),
+    ],
+)
+def test_buttons_match_the_state(admin_client, states, state, buttons):
+    html = page(admin_client, states[state])
+    shown = {
+        name
+        for name in ("run_now", "retry_failed", "cancel", "reschedule", "reprioritise", "delete")
+        if operation_url(states[state].pk, name) in html
+    }
+    assert shown == buttons
+
+
+def test_queue_columns_are_read_only(admin_client, states):
+    message = states["pending_due"]
+    data = form_data(
+        message,
+        status="succeeded",
+        attempt_count="9",
+        queue="other",
+        key="other",
+        lock_token="00000000-0000-0000-0000-000000000000",
+        next_attempt_time="2030-01-01 00:00:00",
+    )
+    response = admin_client.post(change_url(message.pk), data)
+    assert response.status_code == 302
+    after = Message.objects.get(pk=message.pk)
+    assert (after.status, after.attempt_count, after.queue, after.key) == (
+        "pending",
+        0,
+        "emails",
+        "pending-due",
+    )
+    assert after.next_attempt_time == message.next_attempt_time
+    assert after.lock_token is None
+
+
+def test_editing_writes_only_the_edited_columns(admin_client, states, fake_clock):
+    message = states["running"]
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.post(
+            change_url(message.pk),
+            form_data(message, priority="4", payload='{"fixed": true}'),
+        )
+    assert response.status_code == 302
+    update = next(q["sql"] for q in ctx.captured_queries if q["sql"].startswith("UPDATE"))
+    assert '"priority"' in update and '"payload"' in update and '"updated_at"' in update
+    assert '"status"' not in update and '"lock_token"' not in update
+    after = Message.objects.get(pk=message.pk)
+    assert after.priority == 4 and after.payload == {"fixed": True}
+    assert after.status == "running" and after.lock_token == message.lock_token
+    assert after.updated_at == fake_clock()
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [("{not json", "Enter a valid JSON."), ('{"a": "x\\u0000y"}', "NUL character")],
+)
+def test_payload_edits_are_validated(admin_client, states, payload, error):
+    message = states["pending_due"]
+    response = admin_client.post(change_url(message.pk), form_data(message, payload=payload))
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    assert Message.objects.get(pk=message.pk).payload == {}

@@ -1,0 +1,60 @@
+"""Cron with real run_delayq processes: many installers, each tick delivered once."""
+
+import json
+import signal
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from django_delayq.models import Message
+from django_delayq.scheduling import parse_key
+from tests.conftest import wait_for
+from tests.testapp.models import Execution
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+TICKS_WANTED = 5
+
+
+def executed():
+    """``(tick time, message id)`` of every execution so far, from the tick keys."""
+    runs = list(Execution.objects.values_list("message_id", flat=True))
+    keys = dict(Message.objects.filter(pk__in=runs).values_list("pk", "key"))
+    return [(parse_key(keys[pk])[2], pk) for pk in runs]
+
+
+def test_three_workers_started_at_once_deliver_every_tick_exactly_once(spawn_worker):
+    # A generous grace: this test is about duplicates, and a tick a loaded CI
+    # machine starts a few seconds late must not count as missed.
+    schedules = {"every-2s": {"every": 2, "queue": "ticks", "grace": 60}}
+    env = {
+        "DELAYQ_TEST_SCHEDULES": json.dumps(schedules),
+        "DELAYQ_TEST_POLL": "0.5",
+        # Re-install every half second, so the three keep racing while ticks run.
+        "DELAYQ_TEST_CRON_INSTALL_INTERVAL": "0.5",
+    }
+    workers = [spawn_worker("--queue", "ticks", env=env) for _ in range(3)]
+    wait_for(
+        lambda: len({t for t, _ in executed()}) >= TICKS_WANTED,
+        timeout=90,
+        message=f"{TICKS_WANTED} ticks to run",
+    )
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    assert [w.wait() for w in workers] == [0, 0, 0], [w.output for w in workers]
+
+    runs = executed()
+    per_message = Counter(pk for _, pk in runs)
+    assert set(per_message.values()) == {1}, "a tick message ran more than once"
+    times = sorted(t for t, _ in runs)
+    assert len(times) == len(set(times)), "two messages for one tick time"
+    first, last = times[0], times[-1]
+    expected = [first + timedelta(seconds=2 * i) for i in range((last - first).seconds // 2 + 1)]
+    assert times == expected, "a tick between the first and the last was not delivered"
+
+    # Every installed tick up to the last one ran; none was created twice.
+    installed = [parse_key(k)[2] for k in Message.objects.values_list("key", flat=True)]
+    assert len(installed) == len(set(installed))
+    assert sorted(t for t in installed if t <= last) == expected
+    assert Message.objects.filter(status__in=["failed", "cancelled"]).count() == 0
