@@ -31,6 +31,9 @@ def shot(page, name: str, *, full_page: bool = False) -> None:
         page.screenshot(path=os.path.join(folder, f"{name}.png"), full_page=full_page)
 
 
+REFUSED = "smtplib.SMTPRecipientsRefused: {'bob@example.com': (550, 'no such user')}"
+
+
 def make_messages() -> dict[str, list[Message]]:
     now = timezone.now()
     ours = [
@@ -76,9 +79,9 @@ def make_messages() -> dict[str, list[Message]]:
         next_attempt_time=None,
         finished_at=now,
         last_attempt_time=now,
-        last_error="smtplib.SMTPRecipientsRefused: {'bob@example.com': (550, 'no such user')}",
+        last_error=REFUSED,
         last_traceback='Traceback (most recent call last):\n  File "accounts/handlers.py", line 12,'
-        " in send_welcome\nsmtplib.SMTPRecipientsRefused: {'bob@example.com': (550, 'no such user')}\n",
+        f" in send_welcome\n{REFUSED}\n",
     )
     return {"ours": ours, "held": [held], "others": others}
 
