@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo suite screenshots bench-admin bench-pipeline
+.PHONY: venv test demo suite django6 screenshots bench-admin bench-pipeline chaos
 
 venv:
 	scripts/dev.sh venv
@@ -15,6 +15,23 @@ suite:
 
 demo:
 	scripts/dev.sh demo
+
+# The matrix's Python 3.12 + Django 6.x leg alone (make test runs it after the suite).
+django6:
+	scripts/dev.sh django6
+
+# Reliability proof on PostgreSQL: 4 producers x 4 consumers, 20,000 messages,
+# SIGKILLs, a SIGTERM restart, every connection terminated once; prints the
+# figures and fails on any violated invariant. ARGS="--messages 2000" etc.;
+# CHAOS_DATABASE_URL picks the (dedicated) database, default delayq_chaos.
+chaos: ; .venv/bin/python -m tests.chaos.harness $(ARGS)
+
+# Side by side with the physical limit and the peers (benchmarks/bench.py):
+# about 40 minutes; `make bench ARGS=--quick` takes about 8.
+bench:
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/python -m pip install -q -e '.[bench,test]'
+	.venv/bin/python -m benchmarks.bench $(ARGS)
 
 bench-admin: ; .venv/bin/python -m benchmarks.admin_1m $(ARGS)  # 1M rows on PostgreSQL: admin page times
 bench-pipeline: ; .venv/bin/python -m benchmarks.pipeline_1m $(ARGS)  # Spark enqueue/archive/report of 1M rows

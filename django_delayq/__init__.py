@@ -10,6 +10,8 @@ __all__ = [
     "EnqueueResult",
     "Outcome",
     "Retry",
+    "aenqueue",
+    "aenqueue_many",
     "enqueue",
     "enqueue_many",
     "handler",
@@ -20,7 +22,14 @@ __all__ = [
 from django_delayq.exceptions import Discard, Retry
 
 if TYPE_CHECKING:
-    from django_delayq.producer import EnqueueResult, Outcome, enqueue, enqueue_many
+    from django_delayq.producer import (
+        EnqueueResult,
+        Outcome,
+        aenqueue,
+        aenqueue_many,
+        enqueue,
+        enqueue_many,
+    )
     from django_delayq.registry import handler
     from django_delayq.scheduling import schedule, tick_of
 
@@ -29,7 +38,7 @@ def __getattr__(name: str) -> Any:
     # The enqueue API and @handler touch the Message model, which may only be
     # imported once apps are loaded; resolving them lazily keeps
     # ``import django_delayq`` safe in settings and app configs.
-    if name in ("enqueue", "enqueue_many", "Outcome", "EnqueueResult"):
+    if name in ("enqueue", "enqueue_many", "aenqueue", "aenqueue_many", "Outcome", "EnqueueResult"):
         from django_delayq import producer as module
 
         return getattr(module, name)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sys
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
@@ -20,3 +22,28 @@ class DelayQConfig(AppConfig):
         # Like admin.py for the admin: every installed app's handlers.py is
         # imported, so @handler registrations exist before a worker starts.
         autodiscover_modules("handlers")
+        _install_task_backends()
+
+
+def _install_task_backends() -> None:
+    """Give the queues of each ``TASKS`` backend that is a DelayQBackend their runner.
+
+    Importing the configured backend paths is what tells: when one of them is
+    (a subclass of) ``django_delayq.backends.DelayQBackend``, that module is
+    loaded, and without Django's Tasks framework it fails here, at start-up,
+    saying what to install.
+    """
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict):
+        return
+    for params in tasks.values():
+        try:
+            import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            pass  # the framework's own checks name a bad backend
+    backends = sys.modules.get("django_delayq.backends")
+    if backends is not None:
+        backends.install_task_backends(tasks)

@@ -10,7 +10,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django_delayq.conf import DEFAULTS, DURATION_SETTINGS
 
 POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "MAX_ATTEMPTS", "PRUNE_BATCH_SIZE")
-QUEUE_KEYS = ("LEASE", "MAX_ATTEMPTS", "RETRY_POLICY", "CONCURRENCY")
+QUEUE_KEYS = ("LEASE", "MAX_ATTEMPTS", "RETRY_POLICY", "CONCURRENCY", "TIME_LIMIT")
 # Settings later features read; accepted here so that they are not flagged.
 KNOWN_EXTRA: tuple[str, ...] = ()
 
@@ -26,7 +26,7 @@ def _duration(value: Any) -> timedelta | None:
 def _check_value(name: str, value: Any, where: str) -> list[Error]:
     errors = []
     if name in DURATION_SETTINGS:
-        if value is None and name == "PRUNE_INTERVAL":
+        if value is None and name in ("PRUNE_INTERVAL", "TIME_LIMIT", "ACK_DELAY"):
             return []
         td = _duration(value)
         if td is None:
@@ -99,6 +99,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             )
             continue
         errors.extend(_check_value(name, value, "DELAYQ: "))
+    beat = _duration(user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"]))
+    dead = _duration(user.get("WORKER_DEAD_AFTER", DEFAULTS["WORKER_DEAD_AFTER"]))
+    if beat and dead and beat > timedelta(0) and dead < 2 * beat:
+        # One late heartbeat (a slow query, a busy host) must not make a
+        # live worker look dead and lose its messages to the others.
+        errors.append(
+            Error(
+                f"DELAYQ: WORKER_DEAD_AFTER ({dead.total_seconds():g} s) must be at least "
+                f"twice HEARTBEAT_INTERVAL ({beat.total_seconds():g} s)",
+                id="django_delayq.E020",
+            )
+        )
     queues = user.get("QUEUES", {})
     if not isinstance(queues, dict):
         errors.append(
@@ -165,6 +177,91 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
                     f"schedule {sched.name!r}: no handler for {what}; its ticks would never run",
                     hint="define one with @handler in an installed app's handlers.py",
                     id="django_delayq.E015",
+                )
+            )
+    return errors
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Error | Warning]:
+    """MariaDB/MySQL servers the claim cannot use, and keys that would merge (E050, W050).
+
+    A database check: it connects, so it runs in ``migrate``, ``check
+    --database ALIAS`` and at the start of ``run_delayq``.
+    """
+    from django.db import connections
+
+    from django_delayq import mysql
+
+    errors: list[Error | Warning] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "mysql":
+            continue
+        problem = mysql.version_problem(connection)
+        if problem:
+            errors.append(
+                Error(
+                    f"database {alias!r}: {problem}",
+                    hint="upgrade to MariaDB 10.6+ or MySQL 8.0.1+",
+                    id="django_delayq.E050",
+                )
+            )
+        columns = mysql.collation_problems(connection)
+        if columns:
+            errors.append(
+                Warning(
+                    f"database {alias!r}: the queue table's {' and '.join(columns)} ignore "
+                    "case or trailing spaces, so keys 'a', 'A' and 'a ' would be one message",
+                    hint=f"run once: {mysql.binary_columns_sql(connection)}",
+                    id="django_delayq.W050",
+                )
+            )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``METRICS_PORT`` / ``METRICS_ADDRESS`` (E030, E031).
+
+    An enabled port without ``prometheus-client`` would only fail when the
+    worker starts; ``manage.py check`` says so first.
+    """
+    from django.conf import settings
+
+    user = getattr(settings, "DELAYQ", {})
+    if not isinstance(user, dict):
+        return []  # E001 already says so
+    errors: list[Error | Warning] = []
+    port = user.get("METRICS_PORT")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+    ):
+        errors.append(
+            Error(
+                f"DELAYQ: METRICS_PORT must be a TCP port (1-65535) or None, got {port!r}",
+                id="django_delayq.E031",
+            )
+        )
+    address = user.get("METRICS_ADDRESS", "")
+    if not isinstance(address, str):
+        errors.append(
+            Error(
+                f"DELAYQ: METRICS_ADDRESS must be a str, got {address!r}",
+                id="django_delayq.E031",
+            )
+        )
+    if port:
+        from django_delayq.metrics import available
+
+        if not available():
+            errors.append(
+                Error(
+                    "DELAYQ: METRICS_PORT is set but prometheus-client is not installed",
+                    hint="pip install 'django-delayq[prometheus]'",
+                    id="django_delayq.E030",
                 )
             )
     return errors

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections, router, transaction
-from django.db.models import Case, DateTimeField, F, Q, QuerySet, Value, When
+from django.db.models import Case, DateTimeField, Expression, F, Q, QuerySet, Value, When
 from django.db.models.functions import Greatest
 
 from django_delayq import clock
@@ -40,17 +40,17 @@ def _db(using: str | None) -> str:
 
 
 def _lease_expression(
-    leases: Mapping[tuple[str, str | None], timedelta], default: timedelta, now: datetime
-) -> Value | Case:
-    """``now + lease`` where the lease depends on the message's queue and kind."""
+    leases: Mapping[tuple[str, str | None], timedelta], default: timedelta
+) -> Expression:
+    """The database's ``now() + lease``, where the lease depends on queue and kind."""
     whens = []
     # Kind-specific handlers must win over their queue's catch-all.
     for (queue, kind), lease in sorted(leases.items(), key=lambda item: item[0][1] is None):
         if lease == default:
             continue
         condition = Q(queue=queue) if kind is None else Q(queue=queue, kind=kind)
-        whens.append(When(condition, then=Value(now + lease)))
-    default_value = Value(now + default, output_field=DateTimeField())
+        whens.append(When(condition, then=clock.sql_now_plus(lease)))
+    default_value = clock.sql_now_plus(default)
     if not whens:
         return default_value
     return Case(*whens, default=default_value, output_field=DateTimeField())
@@ -73,7 +73,7 @@ def claim(
     of ``now + lease``.
     """
     alias = _db(using)
-    now = clock.now()
+    now = clock.sql_now()
     token = uuid.uuid4()
     due = Message.objects.using(alias).due(now).filter(queue__in=list(queues))
     changes = {
@@ -82,7 +82,7 @@ def claim(
         "locked_by": worker[:255],
         "attempt_count": F("attempt_count") + 1,
         "last_attempt_time": now,
-        "next_attempt_time": _lease_expression(leases or {}, lease, now),
+        "next_attempt_time": _lease_expression(leases or {}, lease),
         "updated_at": now,
     }
     connection = connections[alias]
@@ -122,7 +122,7 @@ def _held(ids: Iterable[int], token: uuid.UUID, using: str | None) -> QuerySet[M
 
 def ack(ids: Iterable[int], token: uuid.UUID, *, using: str | None = None) -> int:
     """Mark messages succeeded; returns how many were still ours."""
-    now = clock.now()
+    now = clock.sql_now()
     return _held(ids, token, using).update(
         status=Message.Status.SUCCEEDED,
         next_attempt_time=None,
@@ -132,6 +132,36 @@ def ack(ids: Iterable[int], token: uuid.UUID, *, using: str | None = None) -> in
     )
 
 
+def ack_held(held: Mapping[uuid.UUID, Collection[int]], *, using: str | None = None) -> set[int]:
+    """Mark messages of several claims succeeded at once; returns the ids still ours.
+
+    One transaction: the rows still held under their token are locked, then
+    updated, so the caller learns exactly which acknowledgements took (the
+    others were claimed again after their lease expired).
+    """
+    alias = _db(using)
+    held_by = Q()
+    for token, ids in held.items():
+        held_by |= Q(lock_token=token, id__in=list(ids))
+    now = clock.sql_now()
+    with transaction.atomic(using=alias):
+        mine = set(
+            Message.objects.using(alias)
+            .filter(held_by, status=Message.Status.RUNNING)
+            .select_for_update()
+            .values_list("id", flat=True)
+        )
+        if mine:
+            Message.objects.using(alias).filter(id__in=list(mine)).update(
+                status=Message.Status.SUCCEEDED,
+                next_attempt_time=None,
+                lock_token=None,
+                finished_at=now,
+                updated_at=now,
+            )
+    return mine
+
+
 def fail(
     message_id: int,
     token: uuid.UUID,
@@ -139,10 +169,15 @@ def fail(
     error: str,
     traceback: str = "",
     retry_at: datetime | None,
+    retry_in: timedelta | None = None,
     using: str | None = None,
 ) -> int:
-    """Record a failed attempt: reschedule at ``retry_at``, or give up if None."""
-    now = clock.now()
+    """Record a failed attempt: reschedule, or give up if both times are None.
+
+    ``retry_in`` is measured on the database's clock (what the worker uses);
+    ``retry_at`` is an absolute instant.
+    """
+    now = clock.sql_now()
     changes: dict[str, object] = {
         "last_error": error,
         "error_fingerprint": fingerprint(error),
@@ -150,7 +185,11 @@ def fail(
         "lock_token": None,
         "updated_at": now,
     }
-    if retry_at is None:
+    if retry_in is not None:
+        changes.update(
+            status=Message.Status.PENDING, next_attempt_time=clock.sql_now_plus(retry_in)
+        )
+    elif retry_at is None:
         changes.update(status=Message.Status.FAILED, next_attempt_time=None, finished_at=now)
     else:
         changes.update(status=Message.Status.PENDING, next_attempt_time=retry_at)
@@ -161,17 +200,21 @@ def snooze(
     message_id: int,
     token: uuid.UUID,
     *,
-    run_at: datetime,
+    run_at: datetime | timedelta,
     max_attempts: int,
     using: str | None = None,
 ) -> int:
-    """Reschedule without spending an attempt (``Retry``): raise the cap by one."""
+    """Reschedule without spending an attempt (``Retry``): raise the cap by one.
+
+    ``run_at`` is an instant, or a delay measured on the database's clock.
+    """
+    when = clock.sql_now_plus(run_at) if isinstance(run_at, timedelta) else run_at
     return _held([message_id], token, using).update(
         status=Message.Status.PENDING,
-        next_attempt_time=run_at,
+        next_attempt_time=when,
         lock_token=None,
         max_attempts=max_attempts,
-        updated_at=clock.now(),
+        updated_at=clock.sql_now(),
     )
 
 
@@ -182,7 +225,7 @@ def release(
 
     Messages that were claimed but never started get their attempt back.
     """
-    now = clock.now()
+    now = clock.sql_now()
     changes: dict[str, object] = {
         "status": Message.Status.PENDING,
         "next_attempt_time": now,
@@ -198,5 +241,18 @@ def extend(
     ids: Iterable[int], token: uuid.UUID, lease: timedelta, *, using: str | None = None
 ) -> int:
     """Push the lease of messages still held; returns how many were still ours."""
-    now = clock.now()
-    return _held(ids, token, using).update(next_attempt_time=now + lease, updated_at=now)
+    return _held(ids, token, using).update(
+        next_attempt_time=clock.sql_now_plus(lease), updated_at=clock.sql_now()
+    )
+
+
+def write_payload(
+    message_id: int, token: uuid.UUID, payload: object, *, using: str | None = None
+) -> int:
+    """Replace the payload of a message still held; returns 1 if it was ours.
+
+    The Django Tasks backend keeps a task's outcome (return value, errors)
+    beside its call in the payload; like every write of a worker, it is a
+    compare-and-set on the lock token.
+    """
+    return _held([message_id], token, using).update(payload=payload, updated_at=clock.now())

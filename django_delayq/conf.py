@@ -42,7 +42,17 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_GRACE": timedelta(seconds=30),
     # Send NOTIFY on enqueue and LISTEN in idle workers (PostgreSQL only).
     "NOTIFY": True,
-    # Per-queue overrides of LEASE, MAX_ATTEMPTS, RETRY_POLICY, CONCURRENCY.
+    # How often each worker records its heartbeat (DelayQ's worker table).
+    "HEARTBEAT_INTERVAL": timedelta(seconds=5),
+    # A worker whose heartbeat is older than this is dead: live workers hand
+    # its messages back at once instead of waiting for their leases. Keep it
+    # several heartbeats long, so a slow database is not taken for a death.
+    "WORKER_DEAD_AFTER": timedelta(seconds=30),
+    # Longest a handler may run (handler option time_limit= overrides); past
+    # it the attempt is recorded as failed and retried by the retry policy.
+    # None: no limit (the lease keeper keeps the message while it runs).
+    "TIME_LIMIT": None,
+    # Per-queue overrides of LEASE, MAX_ATTEMPTS, RETRY_POLICY, CONCURRENCY, TIME_LIMIT.
     "QUEUES": {},
     # Recurring messages, by name (see ``scheduling.py``): {"cron": ...} or
     # {"every": ...} plus queue, payload, timezone, catch_up, ...
@@ -50,15 +60,33 @@ DEFAULTS: dict[str, Any] = {
     # How often each worker installs the next ticks of every schedule; it
     # installs two intervals ahead, so ticks never run out while one runs.
     "CRON_INSTALL_INTERVAL": timedelta(seconds=60),
+    # Serve Prometheus metrics from run_delayq on this port (needs the
+    # ``prometheus`` extra); None: no metrics. ``--metrics-port`` overrides.
+    "METRICS_PORT": None,
+    # Address the metrics server listens on ("" or "0.0.0.0": every IPv4 one).
+    "METRICS_ADDRESS": "0.0.0.0",
+    # How often a worker samples queue depth and lag for its metrics.
+    "METRICS_INTERVAL": timedelta(seconds=15),
+    # Successes of non-atomic handlers are acknowledged together: one
+    # compare-and-set statement per batch, committed at most this long after
+    # the first of them finished (PostgreSQL). A longer delay means fewer
+    # commits but a longer window in which a killed worker's finished
+    # messages are redelivered and run again. None: one commit per message.
+    "ACK_DELAY": timedelta(milliseconds=5),
 }
 
 DURATION_SETTINGS = (
+    "ACK_DELAY",
     "LEASE",
     "POLL_INTERVAL",
     "RETENTION",
     "SHUTDOWN_GRACE",
     "PRUNE_INTERVAL",
     "CRON_INSTALL_INTERVAL",
+    "METRICS_INTERVAL",
+    "HEARTBEAT_INTERVAL",
+    "WORKER_DEAD_AFTER",
+    "TIME_LIMIT",
 )
 
 

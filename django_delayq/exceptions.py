@@ -51,3 +51,16 @@ class DuplicateMessage(DelayQError, ValueError):
 
 class HandlerNotFound(DelayQError, LookupError):
     """No handler is registered for a message's queue and kind."""
+
+
+class TimeLimitExceeded(DelayQError):
+    """Recorded as the error of an attempt that ran past its handler's ``time_limit``."""
+
+
+class MessageAbandoned(DelayQError):
+    """The error of a message given up after attempts that ended without an outcome.
+
+    Such attempts leave no exception behind (the worker running them was
+    killed, or the message outlived its lease); this one stands for them in
+    ``message_failed`` receivers.
+    """

@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import traceback
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Protocol
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 
-from django_delayq import claim, clock
+from django_delayq import claim, signals
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.exceptions import Discard, HandlerNotFound, Retry
+from django_delayq.exceptions import (
+    Discard,
+    HandlerNotFound,
+    MessageAbandoned,
+    Retry,
+    TimeLimitExceeded,
+)
+from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.retry import get_default_policy, resolve_policy
@@ -65,8 +75,35 @@ def _max_attempts(message: Message, spec: HandlerSpec | None) -> int:
     return int(config["QUEUES"].get(message.queue, {}).get("MAX_ATTEMPTS", config["MAX_ATTEMPTS"]))
 
 
-def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException):
-    """When to try again after this failure, or None to give up."""
+# A settling statement that lost its connection is sent again this many times
+# (after a reconnect, with a capped backoff) before the message is left to
+# its lease. Sending it twice is harmless: it is a compare-and-set on the
+# lock token, so a repeat after a commit whose reply was lost matches nothing.
+SETTLE_RETRIES = 4
+SETTLE_BACKOFF_CAP = 2.0
+
+
+def _settle(using: str, write: Callable[[], int]) -> int:
+    """Run one settling statement, reconnecting if the connection was lost."""
+    for attempt in range(SETTLE_RETRIES + 1):
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            connection = connections[using]
+            if attempt == SETTLE_RETRIES or connection.in_atomic_block:
+                raise
+            backoff = min(SETTLE_BACKOFF_CAP, 0.1 * 2**attempt)
+            logger.warning(
+                "database connection lost while recording an outcome; reconnecting in %.1f s",
+                backoff,
+            )
+            connection.close()
+            time.sleep(backoff)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException) -> timedelta | None:
+    """How long until the next attempt after this failure, or None to give up."""
     if message.attempt_count >= _max_attempts(message, spec):
         return None
     if spec is not None:
@@ -81,11 +118,25 @@ def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException):
         delay = timedelta(seconds=60)
     if delay is None:
         return None
-    return clock.now() + to_timedelta(delay)
+    return to_timedelta(delay)
 
 
-def execute(message: Message, token: uuid.UUID, *, using: str) -> Result:
-    """Run ``message``'s handler and record the outcome under ``token``."""
+class AckSink(Protocol):
+    """Where a worker collects the acknowledgements it commits together (``acks.py``)."""
+
+    def add(self, message: Message, token: uuid.UUID, duration: float) -> None: ...
+
+
+def execute(
+    message: Message, token: uuid.UUID, *, using: str, acks: AckSink | None = None
+) -> Result:
+    """Run ``message``'s handler and record the outcome under ``token``.
+
+    With ``acks``, the success of a non-atomic handler is handed to it instead
+    of being committed here; it commits a batch at once and then calls
+    :func:`record_success`. Failures, retries and atomic handlers are always
+    recorded here, one statement each.
+    """
     try:
         spec: HandlerSpec | None = registry.lookup(message.queue, message.kind)
     except HandlerNotFound as exc:
@@ -104,10 +155,30 @@ def execute(message: Message, token: uuid.UUID, *, using: str) -> Result:
             f"gave up: attempt {message.attempt_count - 1} of {limit} ended without an "
             "outcome (worker crash or lease expiry)"
         )
-        if not claim.fail(message.pk, token, error=error, retry_at=None, using=using):
+        if not _settle(
+            using, lambda: claim.fail(message.pk, token, error=error, retry_at=None, using=using)
+        ):
             return _lease_lost(message)
-        logger.error("message %s (%s/%s) %s", message.pk, message.queue, message.key, error)
+        logger.error(
+            "message %s (%s/%s) %s",
+            message.pk,
+            message.queue,
+            message.key,
+            error,
+            extra=message_fields(message, outcome=Result.FAILED),
+        )
+        signals.send(
+            signals.message_failed,
+            message=message,
+            attempt=message.attempt_count,
+            exception=MessageAbandoned(error),
+            using=using,
+        )
         return Result.FAILED
+    signals.send(
+        signals.message_started, message=message, attempt=message.attempt_count, using=using
+    )
+    started = time.monotonic()
     try:
         if spec.atomic:
             with transaction.atomic(using=using):
@@ -119,24 +190,106 @@ def execute(message: Message, token: uuid.UUID, *, using: str) -> Result:
     except _LeaseLost:
         return _lease_lost(message)
     except Retry as exc:
-        when = clock.now() + exc.delay
+        delay = exc.delay
         cap = _max_attempts(message, spec) + 1
-        if not claim.snooze(message.pk, token, run_at=when, max_attempts=cap, using=using):
+        if not _settle(
+            using,
+            lambda: claim.snooze(message.pk, token, run_at=delay, max_attempts=cap, using=using),
+        ):
             return _lease_lost(message)
-        logger.info("message %s snoozed until %s %s", message.pk, when.isoformat(), exc.reason)
+        logger.info(
+            "message %s snoozed for %s %s",
+            message.pk,
+            delay,
+            exc.reason,
+            extra=message_fields(
+                message, outcome=Result.SNOOZED, duration=time.monotonic() - started
+            ),
+        )
+        signals.send(
+            signals.message_retried,
+            message=message,
+            attempt=message.attempt_count,
+            exception=exc,
+            delay=delay,
+            using=using,
+        )
         return Result.SNOOZED
     except Discard as exc:
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
-        if not claim.fail(message.pk, token, error=error, retry_at=None, using=using):
+        if not _settle(
+            using, lambda: claim.fail(message.pk, token, error=error, retry_at=None, using=using)
+        ):
             return _lease_lost(message)
-        logger.info("message %s discarded: %s", message.pk, exc.reason)
+        logger.info(
+            "message %s discarded: %s",
+            message.pk,
+            exc.reason,
+            extra=message_fields(
+                message, outcome=Result.DISCARDED, duration=time.monotonic() - started
+            ),
+        )
+        signals.send(
+            signals.message_discarded,
+            message=message,
+            attempt=message.attempt_count,
+            reason=exc.reason,
+            using=using,
+        )
         return Result.DISCARDED
     except (Exception, SystemExit) as exc:
         return _record_failure(message, token, spec, exc, traceback.format_exc(), using)
 
-    if not spec.atomic and not claim.ack([message.pk], token, using=using):
+    if not spec.atomic and acks is not None:
+        acks.add(message, token, time.monotonic() - started)
+        return Result.SUCCEEDED
+    if not spec.atomic and not _settle(using, lambda: claim.ack([message.pk], token, using=using)):
         return _lease_lost(message)
+    record_success(message, time.monotonic() - started, using=using)
     return Result.SUCCEEDED
+
+
+def record_success(message: Message, duration: float, *, using: str) -> None:
+    """Log and signal a success whose acknowledgement is committed.
+
+    Sent once the acknowledgement is committed: a receiver never hears of a
+    success that could still be rolled back.
+    """
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "message %s (%s/%s) succeeded in %.3f s",
+            message.pk,
+            message.queue,
+            message.key,
+            duration,
+            extra=message_fields(message, outcome=Result.SUCCEEDED, duration=duration),
+        )
+    signals.send(
+        signals.message_succeeded,
+        message=message,
+        attempt=message.attempt_count,
+        duration=duration,
+        using=using,
+    )
+
+
+def record_time_limit(
+    message: Message, token: uuid.UUID, limit: timedelta, *, using: str
+) -> Result:
+    """Fail an attempt that ran past ``limit`` while its handler is still running.
+
+    Called by the worker's lease keeper, not by the handler's thread (which
+    Python cannot interrupt). The failure replaces the lock token, so what the
+    handler does when it finally returns (acknowledge, fail, snooze) matches
+    nothing and is discarded; with ``atomic=True`` its writes roll back.
+    """
+    spec: HandlerSpec | None
+    try:
+        spec = registry.lookup(message.queue, message.kind)
+    except HandlerNotFound:
+        spec = None
+    exc = TimeLimitExceeded(f"the handler ran for more than {limit.total_seconds():g} s")
+    return _record_failure(message, token, spec, exc, "", using)
 
 
 def _record_failure(
@@ -147,13 +300,22 @@ def _record_failure(
     tb: str,
     using: str,
 ) -> Result:
-    retry_at = _retry_time(message, spec, exc)
+    retry_in = _retry_time(message, spec, exc)
     error = describe(exc)
-    if not claim.fail(
-        message.pk, token, error=error, traceback=_clean(tb), retry_at=retry_at, using=using
+    if not _settle(
+        using,
+        lambda: claim.fail(
+            message.pk,
+            token,
+            error=error,
+            traceback=_clean(tb),
+            retry_at=None,
+            retry_in=retry_in,
+            using=using,
+        ),
     ):
         return _lease_lost(message)
-    if retry_at is None:
+    if retry_in is None:
         logger.error(
             "message %s (%s/%s) failed after %s attempt(s): %s",
             message.pk,
@@ -161,16 +323,33 @@ def _record_failure(
             message.key,
             message.attempt_count,
             error,
+            extra=message_fields(message, outcome=Result.FAILED),
+        )
+        signals.send(
+            signals.message_failed,
+            message=message,
+            attempt=message.attempt_count,
+            exception=exc,
+            using=using,
         )
         return Result.FAILED
     logger.warning(
-        "message %s (%s/%s) attempt %s failed, retrying at %s: %s",
+        "message %s (%s/%s) attempt %s failed, retrying in %s: %s",
         message.pk,
         message.queue,
         message.key,
         message.attempt_count,
-        retry_at.isoformat(),
+        retry_in,
         error,
+        extra=message_fields(message, outcome=Result.RETRYING),
+    )
+    signals.send(
+        signals.message_retried,
+        message=message,
+        attempt=message.attempt_count,
+        exception=exc,
+        delay=retry_in,
+        using=using,
     )
     return Result.RETRYING
 
@@ -182,5 +361,6 @@ def _lease_lost(message: Message) -> Result:
         message.pk,
         message.queue,
         message.key,
+        extra=message_fields(message, outcome=Result.LEASE_LOST),
     )
     return Result.LEASE_LOST

@@ -8,7 +8,7 @@ the queue columns, so the indexes below are the ones every query relies on.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from django.db import models
 from django.db.models import Q
@@ -23,28 +23,59 @@ PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 
 
-class MessageQuerySet(models.QuerySet["Message"]):
-    def active(self) -> MessageQuerySet:
-        """Messages that may still run: waiting, scheduled or leased."""
-        return self.filter(status__in=Message.ACTIVE_STATUSES)
+# The status values of every table with the queue columns: ``Message`` and
+# the models that inherit ``django_delayq.entity.QueueFields``.
+ACTIVE_STATUS_VALUES = ("pending", "running")
+FINISHED_STATUS_VALUES = ("succeeded", "failed", "cancelled")
 
-    def due(self, now: datetime | None = None) -> MessageQuerySet:
-        """Messages a worker may claim now.
+_Row = TypeVar("_Row", bound=models.Model)
 
-        A ``running`` row whose lease (``next_attempt_time``) has passed is
-        due again: that is how a crashed worker's message comes back.
-        """
-        return self.active().filter(next_attempt_time__lte=now or clock.now())
 
-    def finished(self) -> MessageQuerySet:
-        return self.filter(status__in=Message.FINISHED_STATUSES)
+def active_condition() -> Q:
+    """Rows that may still run: waiting, scheduled or leased."""
+    return Q(status__in=ACTIVE_STATUS_VALUES)
 
+
+def due_condition(now: datetime | models.Expression | None = None) -> Q:
+    """Rows a worker may claim now.
+
+    A ``running`` row whose lease (``next_attempt_time``) has passed is due
+    again: that is how a crashed worker's message comes back.
+    """
+    return active_condition() & Q(next_attempt_time__lte=clock.now() if now is None else now)
+
+
+def retrying_condition() -> Q:
+    """Pending again after at least one failed attempt."""
+    return Q(status="pending", attempt_count__gt=0)
+
+
+class QueueQuerySet(models.QuerySet[_Row]):
+    """The queue's filters, for ``Message`` and for any model with ``QueueFields``.
+
+    Written as conditions (above) so that code holding another queryset of
+    such a model (the admin's, a custom manager's) filters the same way.
+    """
+
+    def active(self) -> Self:
+        """Rows that may still run: waiting, scheduled or leased."""
+        return self.filter(active_condition())
+
+    def due(self, now: datetime | models.Expression | None = None) -> Self:
+        """Rows a worker may claim now (see :func:`due_condition`)."""
+        return self.filter(due_condition(now))
+
+    def finished(self) -> Self:
+        return self.filter(status__in=FINISHED_STATUS_VALUES)
+
+    def retrying(self) -> Self:
+        """Pending again after at least one failed attempt."""
+        return self.filter(retrying_condition())
+
+
+class MessageQuerySet(QueueQuerySet["Message"]):
     def in_queues(self, queues: list[str] | tuple[str, ...] | None) -> MessageQuerySet:
         return self if not queues else self.filter(queue__in=list(queues))
-
-    def retrying(self) -> MessageQuerySet:
-        """Pending again after at least one failed attempt."""
-        return self.filter(status=Message.Status.PENDING, attempt_count__gt=0)
 
 
 class Message(models.Model):
@@ -190,3 +221,31 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'active'})"
+
+
+class WorkerState(models.Model):
+    """One ``run_delayq`` process and its heartbeat.
+
+    Each worker writes ``last_seen`` (with the database's clock) every few
+    seconds. A worker whose heartbeat is older than ``DELAYQ["WORKER_DEAD_AFTER"]``
+    is dead: live workers hand its messages back at once instead of waiting
+    for their leases, and ``delayq_status`` and the admin show it as dead.
+    """
+
+    name = models.CharField(max_length=255, unique=True, help_text=_("Stored in locked_by."))
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, blank=True)
+    concurrency = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField(db_index=True)
+    stopped_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("Set by a clean shutdown; empty while running.")
+    )
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.name

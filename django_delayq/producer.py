@@ -15,14 +15,16 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_delayq import clock
+from django_delayq import clock, signals
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
@@ -220,8 +222,24 @@ def enqueue_many(
     connection = connections[alias]
     outcomes: dict[str, tuple[Outcome, Message]] = {}
     with transaction.atomic(using=alias, savepoint=on_conflict == "error"):
-        if on_conflict != "update" and _supports_upsert_returning(connection):
-            keys_in_order = list(first_index)
+        if connection.vendor == "mysql":
+            # No RETURNING: JSON_TABLE inserts, exact outcomes (mysql.write).
+            from django_delayq import mysql
+
+            outcomes.update(
+                mysql.write(
+                    connection,
+                    template,
+                    list(first_index),
+                    {k: encoded[i] for k, i in first_index.items()},
+                    {k: payloads[i] for k, i in first_index.items()},
+                    on_conflict,
+                )
+            )
+        elif on_conflict != "update" and _supports_upsert_returning(connection):
+            # Sorted: producers whose batches overlap take the key locks in the
+            # same order, so they wait for each other instead of deadlocking.
+            keys_in_order = sorted(first_index)
             for start in range(0, len(keys_in_order), FAST_CHUNK_SIZE):
                 chunk = keys_in_order[start : start + FAST_CHUNK_SIZE]
                 outcomes.update(
@@ -244,6 +262,11 @@ def enqueue_many(
                 raise DuplicateMessage(queue, clashes)
         if any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
             notify(connection, queue, due)
+        if signals.message_enqueued.receivers:
+            # On commit of the caller's transaction: a message rolled back
+            # with the business data that caused it is never announced.
+            changed = [(o, m) for o, m in outcomes.values() if o is not Outcome.IGNORED]
+            transaction.on_commit(partial(_announce, changed, alias), using=alias)
 
     results: list[EnqueueResult] = []
     for i, k in enumerate(key_list):
@@ -252,6 +275,76 @@ def enqueue_many(
             outcome = Outcome.UPDATED if on_conflict == "update" else Outcome.IGNORED
         results.append(EnqueueResult(outcome, message))
     return results
+
+
+def _announce(changed: Sequence[tuple[Outcome, Message]], using: str) -> None:
+    for outcome, message in changed:
+        signals.send(signals.message_enqueued, message=message, outcome=outcome, using=using)
+
+
+async def aenqueue(
+    queue: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> EnqueueResult:
+    """``enqueue`` for async code (async views, ASGI consumers); same arguments.
+
+    Django runs database work of async code in a thread (``sync_to_async``
+    with ``thread_sensitive=True``, as the ORM's async methods do), and a
+    transaction cannot span ``await``: the message is written and committed
+    in a transaction of its own, like ``Model.objects.acreate``. When it must
+    commit together with other writes, put them and ``enqueue`` in one sync
+    function under ``transaction.atomic()`` and await that function through
+    ``sync_to_async``.
+    """
+    return await sync_to_async(enqueue, thread_sensitive=True)(
+        queue,
+        payload,
+        key=key,
+        kind=kind,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        on_conflict=on_conflict,
+        using=using,
+    )
+
+
+async def aenqueue_many(
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str] | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> list[EnqueueResult]:
+    """``enqueue_many`` for async code; one transaction of its own (see ``aenqueue``)."""
+    return await sync_to_async(enqueue_many, thread_sensitive=True)(
+        queue,
+        list(payloads),
+        keys=keys,
+        kind=kind,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        on_conflict=on_conflict,
+        using=using,
+    )
 
 
 # -- writing ------------------------------------------------------------------

@@ -65,6 +65,7 @@ class HandlerSpec:
     lease: timedelta | None = None
     atomic: bool = False
     concurrency: int | None = None
+    time_limit: timedelta | None = None
 
     @property
     def name(self) -> str:
@@ -79,6 +80,13 @@ class HandlerSpec:
 
     def effective_lease(self) -> timedelta:
         return self.lease or to_timedelta(self._queue_setting("LEASE"))
+
+    def effective_time_limit(self) -> timedelta | None:
+        """The handler's time limit, else its queue's, else ``TIME_LIMIT``; None: no limit."""
+        if self.time_limit is not None:
+            return self.time_limit
+        value = self._queue_setting("TIME_LIMIT")
+        return None if value is None else to_timedelta(value)
 
     def effective_retry(self) -> RetryPolicy:
         if self.retry is not None:
@@ -140,6 +148,7 @@ def handler(
     lease: timedelta | int | float | None = None,
     atomic: bool = False,
     concurrency: int | None = None,
+    time_limit: timedelta | int | float | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the consumer of ``queue``.
 
@@ -149,7 +158,12 @@ def handler(
     the handler inside the transaction that acknowledges the message, so its
     database writes commit if and only if the message is marked done.
     ``concurrency`` caps how many of this queue's messages one worker process
-    runs at once.
+    runs at once. ``time_limit`` bounds one attempt: past it the attempt is
+    recorded as failed (and retried by the retry policy), the worker stops
+    extending the lease and frees the slot. Python cannot kill a thread, so
+    the handler runs on until it returns, but its outcome is discarded: the
+    failure replaced the message's lock token, and every later write under
+    the old token (the late acknowledgement included) matches nothing.
 
     Options are validated here, at import time, so a typo fails start-up
     instead of the first message.
@@ -166,6 +180,9 @@ def handler(
         raise ValueError(f"lease must be positive, got {lease!r}")
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+    time_limit_td = to_timedelta(time_limit) if time_limit is not None else None
+    if time_limit_td is not None and time_limit_td <= timedelta(0):
+        raise ValueError(f"time_limit must be positive, got {time_limit!r}")
     policy = resolve_policy(retry) if retry is not None else None
 
     def decorate(func: F) -> F:
@@ -181,6 +198,7 @@ def handler(
                 lease=lease_td,
                 atomic=bool(atomic),
                 concurrency=concurrency,
+                time_limit=time_limit_td,
             )
         )
         return func

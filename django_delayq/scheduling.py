@@ -866,11 +866,14 @@ def _install_one(
         return
     # One transaction: a changed configuration never leaves a moment with
     # neither the old ticks nor the new ones.
+    # Counted into ``result`` only once committed: a transaction the database
+    # rolls back (an InnoDB deadlock between installers) created nothing.
+    replaced = missed = created = 0
     with transaction.atomic(using=alias):
         if stale:
-            result.replaced = _untouched(alias).filter(id__in=stale).delete()[0]
+            replaced = _untouched(alias).filter(id__in=stale).delete()[0]
         if plan.cancel:
-            result.missed = _cancel_missed(sched, plan.cancel, now, alias)
+            missed = _cancel_missed(sched, plan.cancel, now, alias)
         for tick in plan.install:
             outcome = enqueue(
                 sched.queue,
@@ -883,7 +886,8 @@ def _install_one(
                 on_conflict="ignore",
                 using=alias,
             ).outcome
-            result.created += outcome is Outcome.CREATED
+            created += outcome is Outcome.CREATED
+    result.replaced, result.missed, result.created = replaced, missed, created
     logger.debug("schedule %s: %d tick(s) installed", sched.name, result.created)
     if result.replaced:
         logger.info(

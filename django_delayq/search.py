@@ -37,6 +37,7 @@ from typing import Any
 from django.db import connections, router
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Collate
 
 from django_delayq.models import Message
 
@@ -154,11 +155,17 @@ def field_condition(
     return queryset, reduce(operator.or_, conditions)
 
 
-def word_condition(word: str) -> Q:
+# On MariaDB/MySQL the queue column's collation is binary (README: keys must
+# compare exactly), so LIKE there is case-sensitive: search a case-insensitive
+# view of it instead, as ILIKE does on PostgreSQL.
+_QUEUE_CI = "_delayq_queue_ci"
+
+
+def word_condition(word: str, queue_field: str = "queue") -> Q:
     condition = (
         Q(key__startswith=word)
         | Q(kind__icontains=word)
-        | Q(queue__icontains=word)
+        | Q(**{f"{queue_field}__icontains": word})
         | Q(last_error__icontains=word)
     )
     if word.isdigit() and int(word) <= _PK_LIMIT:
@@ -176,7 +183,11 @@ def apply(queryset: QuerySet[Message], search: ParsedSearch | str) -> QuerySet[M
     for i, term in enumerate(search.fields):
         queryset, condition = field_condition(queryset, term, f"_delayq_search_{i}")
         conditions.append(condition)
-    conditions += [word_condition(w) for w in search.words]
+    queue_field = "queue"
+    if search.words and connections[queryset.db].vendor == "mysql":
+        queryset = queryset.alias(**{_QUEUE_CI: Collate("queue", "utf8mb4_general_ci")})
+        queue_field = _QUEUE_CI
+    conditions += [word_condition(w, queue_field) for w in search.words]
     return queryset.filter(*conditions)
 
 
@@ -236,18 +247,29 @@ def distinct_values(column: str, *, limit: int = 200, using: str | None = None) 
 
 
 def estimated_count(using: str | None = None) -> int | None:
-    """PostgreSQL's own estimate of the table's rows (``pg_class.reltuples``).
+    """The database's own estimate of the table's rows.
 
-    Kept up to date by autovacuum/ANALYZE; reading it costs nothing, while an
-    exact ``COUNT(*)`` reads the whole table. None on other databases, and
-    while PostgreSQL has no estimate yet.
+    PostgreSQL's ``pg_class.reltuples`` (kept up to date by
+    autovacuum/ANALYZE) or InnoDB's ``information_schema.tables.table_rows``
+    on MariaDB/MySQL: reading it costs nothing, while an exact ``COUNT(*)``
+    reads the whole table. None on SQLite, and while there is no estimate yet.
     """
     connection = connections[using or router.db_for_read(Message)]
-    if connection.vendor != "postgresql":
+    if connection.vendor == "mysql":
+        # InnoDB's own estimate (sampled index pages, refreshed as the table
+        # changes): as cheap to read as reltuples, and as approximate.
+        sql = (
+            "SELECT table_rows FROM information_schema.tables "
+            "WHERE table_schema = DATABASE() AND table_name = %s"
+        )
+        params = [Message._meta.db_table]
+    elif connection.vendor == "postgresql":
+        sql = "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)"
+        params = [connection.ops.quote_name(Message._meta.db_table)]
+    else:
         return None
-    table = connection.ops.quote_name(Message._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None or row[0] is None or row[0] < 0:
         return None

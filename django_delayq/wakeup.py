@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import select
+import time
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,10 @@ from django_delayq import clock
 from django_delayq.producer import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_delayq.worker")
+
+# After the LISTEN connection is lost (server restart, terminated backend),
+# reopening it is tried at most this often; the worker polls meanwhile.
+RELISTEN_INTERVAL = 5.0
 
 # Connection parameters Django adds for its own cursors, not libpq's.
 _DJANGO_ONLY_PARAMS = ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
@@ -34,7 +39,10 @@ class Waker:
         os.set_blocking(self._write_fd, False)
         self._listener: Any = None
         self.hint: datetime | None = None
-        if listen and connections[using].vendor == "postgresql":
+        self._using = using
+        self._wants_listener = listen and connections[using].vendor == "postgresql"
+        self._lost_at: float | None = None
+        if self._wants_listener:
             self._listener = self._open_listener(using)
 
     @staticmethod
@@ -66,7 +74,18 @@ class Waker:
         except (BlockingIOError, OSError):
             pass
 
+    def _maybe_relisten(self) -> None:
+        if self._lost_at is None or time.monotonic() - self._lost_at < RELISTEN_INTERVAL:
+            return
+        self._listener = self._open_listener(self._using)
+        if self._listener is None:
+            self._lost_at = time.monotonic()
+        else:
+            self._lost_at = None
+            logger.warning("LISTEN connection restored")
+
     def wait(self, timeout: float) -> None:
+        self._maybe_relisten()
         fds = [self._read_fd]
         if self._listener is not None:
             fds.append(self._listener.fileno())
@@ -91,6 +110,7 @@ class Waker:
         except Exception:
             logger.warning("LISTEN connection lost; polling until it is restored", exc_info=True)
             self._close_listener()
+            self._lost_at = time.monotonic()
 
     def _note(self, payload: str) -> None:
         try:

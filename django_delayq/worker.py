@@ -25,9 +25,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries, router
 from django.db.models import Min
 
-from django_delayq import claim, clock, retention, scheduling
+from django_delayq import claim, clock, liveness, retention, scheduling
+from django_delayq.acks import AckBuffer
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.execute import execute
+from django_delayq.execute import execute, record_time_limit
+from django_delayq.logs import message_fields
+from django_delayq.metrics import WorkerMetrics
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
 from django_delayq.registry import HandlerSpec, registry
@@ -38,6 +41,12 @@ logger = logging.getLogger("django_delayq.worker")
 # Shortest idle sleep when something is due but could not be claimed (it is
 # being claimed by another worker right now): avoids a busy loop.
 MIN_IDLE_SLEEP = 0.01
+
+# An executor whose connection sat unused this long, or that missed a
+# connection failure seen by another thread, checks it before the next
+# handler runs, so a handler is not blamed (and retried) for a connection
+# that died while idle (server restart, terminated backend, idle timeout).
+IDLE_RECHECK = 5.0
 
 
 @dataclass
@@ -57,6 +66,12 @@ class Held:
     lease: timedelta
     lane: Lane
     started: bool = False
+    message: Message | None = None
+    time_limit: timedelta | None = None
+    # Set when an executor starts it: for the time limit, and so that a
+    # stuck executor can be replaced.
+    started_at: float | None = None
+    thread: threading.Thread | None = None
 
 
 def worker_name() -> str:
@@ -93,6 +108,8 @@ class Worker:
         using: str | None = None,
         name: str | None = None,
         shutdown_grace: timedelta | float | None = None,
+        metrics_port: int | None = None,
+        metrics_address: str | None = None,
     ) -> None:
         config = get_config()
         self.queues = resolve_queues(queues)
@@ -110,6 +127,8 @@ class Worker:
         specs: list[HandlerSpec] = [s for q in self.queues for s in registry.for_queue(q)]
         self.default_lease = to_timedelta(config["LEASE"])
         self.leases = {(s.queue, s.kind): s.effective_lease() for s in specs}
+        self.time_limits = {(s.queue, s.kind): s.effective_time_limit() for s in specs}
+        self.heartbeat_interval = to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds()
         self.lanes = self._make_lanes(specs)
         self.stats: Counter[str] = Counter()
         self._cond = threading.Condition()
@@ -125,6 +144,20 @@ class Worker:
         self._next_install = 0.0
         self._paused: frozenset[str] = frozenset()
         self._paused_read: float | None = None
+        self._acks: AckBuffer | None = None
+        # Bumped on every database error seen by the claim loop or the keeper.
+        self._db_failures = 0
+        self._local = threading.local()
+        port = config["METRICS_PORT"] if metrics_port is None else metrics_port
+        self.metrics: WorkerMetrics | None = None
+        if port:
+            self.metrics = WorkerMetrics(
+                port=int(port),
+                address=config["METRICS_ADDRESS"] if metrics_address is None else metrics_address,
+                interval=to_timedelta(config["METRICS_INTERVAL"]),
+                queues=self.queues,
+                using=self.using,
+            )
 
     def _make_lanes(self, specs: list[HandlerSpec]) -> list[Lane]:
         caps: dict[str, int] = {}
@@ -173,7 +206,15 @@ class Worker:
 
     def run(self) -> Counter[str]:
         config = get_config()
+        if self.metrics is not None:
+            self.metrics.start(self.name)
         self._waker = Waker(self.using, self.queues, listen=config["NOTIFY"] and not self.burst)
+        if config["ACK_DELAY"] is not None and connections[self.using].vendor == "postgresql":
+            self._acks = AckBuffer(
+                self.using,
+                max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),
+                on_lost=self._ack_lost,
+            )
         logger.info(
             "worker %s consuming %s (concurrency %s, batch %s%s)",
             self.name,
@@ -186,6 +227,13 @@ class Worker:
             if self._waker.listening
             else ", polling",
         )
+        try:
+            liveness.register(
+                self.name, queues=self.queues, concurrency=self.concurrency, using=self.using
+            )
+        except DatabaseError:
+            logger.warning("could not record this worker's heartbeat yet", exc_info=True)
+            connections[self.using].close()
         for i in range(self.concurrency):
             self._start_thread(self._executor_loop, f"delayq-executor-{i}")
         keeper = self._start_thread(self._keeper_loop, "delayq-lease-keeper")
@@ -193,29 +241,48 @@ class Worker:
         try:
             while not self._stopping:
                 try:
+                    if self.metrics is not None:
+                        self.metrics.loop()
                     self._maybe_prune()
                     self._maybe_install_schedules()
                     claimed = self._claim_round()
+                    if errors:
+                        logger.warning(
+                            "database reachable again after %d failed attempt(s)", errors
+                        )
                     errors = 0
+                    if claimed:
+                        continue
+                    with self._cond:
+                        idle = not self._held
+                    if self.burst and idle:
+                        break
+                    self._idle_wait(busy=not idle)
                 except DatabaseError:
+                    # Lost connection, restarted server, failover: reconnect
+                    # with a capped exponential backoff; the worker never
+                    # exits for it, and what it holds stays leased meanwhile.
                     errors += 1
+                    self._db_failures += 1
                     backoff = min(30.0, 0.5 * 2 ** min(errors, 6))
                     logger.warning(
-                        "database error while claiming; retrying in %.1f s", backoff, exc_info=True
+                        "database error while claiming; reconnecting in %.1f s",
+                        backoff,
+                        exc_info=True,
                     )
                     connections[self.using].close()
                     self._waker.wait(backoff)
-                    continue
-                if claimed:
-                    continue
-                with self._cond:
-                    idle = not self._held
-                if self.burst and idle:
-                    break
-                self._idle_wait(busy=not idle)
         finally:
             self._shutdown(keeper)
+            if self.metrics is not None:
+                self.metrics.stop()
         return self.stats
+
+    def _ack_lost(self, message: Message) -> None:
+        """A batched acknowledgement found the message claimed again."""
+        with self._cond:
+            self.stats["succeeded"] -= 1
+            self.stats["lease_lost"] += 1
 
     def _start_thread(self, target, name: str) -> threading.Thread:  # type: ignore[no-untyped-def]
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -232,9 +299,13 @@ class Worker:
             if not queues:
                 continue
             with self._cond:
-                if self._stopping or lane.buffer:
+                # Prefetch: the next batch is claimed while the current one
+                # runs, so handler slots never wait for a claim's round trip.
+                # A lane holds at most its slots plus two batches; what is
+                # still waiting at shutdown is released with its attempt back.
+                if self._stopping or len(lane.buffer) >= self.batch_size:
                     continue
-                capacity = max(lane.cap, self.batch_size)
+                capacity = lane.cap + 2 * self.batch_size
                 limit = min(self.batch_size, capacity - lane.held)
             if limit <= 0:
                 continue
@@ -254,7 +325,14 @@ class Worker:
                     lease = self.leases.get((message.queue, message.kind)) or self.leases.get(
                         (message.queue, None), self.default_lease
                     )
-                    self._held[(message.pk, result.token)] = Held(result.token, lease, lane)
+                    self._held[(message.pk, result.token)] = Held(
+                        result.token,
+                        lease,
+                        lane,
+                        message=message,
+                        time_limit=self.time_limits.get((message.queue, message.kind))
+                        or self.time_limits.get((message.queue, None)),
+                    )
                     lane.buffer.append((message, result.token))
                     lane.held += 1
                 self._cond.notify_all()
@@ -307,7 +385,10 @@ class Worker:
                     if lane.buffer and lane.running < lane.cap:
                         message, token = lane.buffer.popleft()
                         lane.running += 1
-                        self._held[(message.pk, token)].started = True
+                        held = self._held[(message.pk, token)]
+                        held.started = True
+                        held.started_at = time.monotonic()
+                        held.thread = threading.current_thread()
                         return message, token, lane
                 self._cond.wait()
 
@@ -315,13 +396,22 @@ class Worker:
         try:
             while (item := self._next_item()) is not None:
                 message, token, lane = item
+                started = time.monotonic()
                 result = self._run_one(message, token)
+                elapsed = time.monotonic() - started
                 with self._cond:
-                    self._held.pop((message.pk, token), None)
+                    if self._held.pop((message.pk, token), None) is None and not self._stopping:
+                        # Past its time limit: the keeper already failed the
+                        # attempt, freed the slot and started a replacement
+                        # thread, so this one (and the late result) goes.
+                        self.stats["late"] += 1
+                        return
                     lane.running -= 1
                     lane.held -= 1
                     self.stats[result] += 1
                     self._cond.notify_all()
+                if self.metrics is not None:
+                    self.metrics.processed(message.queue, result, elapsed)
                 assert self._waker is not None
                 self._waker.poke()
         finally:
@@ -334,8 +424,9 @@ class Worker:
         # reconnecting per message would cost more than the message.
         reset_queries()
         drop_broken_connections()
+        self._recheck_connection()
         try:
-            return execute(message, token, using=self.using)
+            return execute(message, token, using=self.using, acks=self._acks)
         except Exception:
             # The outcome could not be recorded (the database went away): the
             # message keeps its lease and is redelivered when it expires.
@@ -343,25 +434,117 @@ class Worker:
                 "could not record the outcome of message %s; it will be redelivered "
                 "when its lease expires",
                 message.pk,
+                extra=message_fields(message, outcome="unrecorded"),
             )
             connections[self.using].close()
             return "unrecorded"
 
+    def _recheck_connection(self) -> None:
+        local = self._local
+        now = time.monotonic()
+        stale = (
+            getattr(local, "failures", 0) != self._db_failures
+            or now - getattr(local, "used", now) > IDLE_RECHECK
+        )
+        local.failures, local.used = self._db_failures, now
+        connection = connections[self.using]
+        if stale and connection.connection is not None and not connection.is_usable():
+            logger.warning("dropping a database connection that died while idle")
+            connection.close()
+
     # -- leases ---------------------------------------------------------------
 
     def _keeper_loop(self) -> None:
-        """Extend the leases of held messages every third of the shortest lease."""
+        """Housekeeping of held messages and of this worker's liveness.
+
+        Extends leases every third of the shortest lease, records the
+        heartbeat and hands back dead workers' messages every heartbeat
+        interval, and enforces handler time limits.
+        """
         leases = [*self.leases.values(), self.default_lease]
-        interval = max(0.05, min(leases).total_seconds() / 3)
+        extend_every = max(0.05, min(leases).total_seconds() / 3)
+        limits = [t.total_seconds() for t in self.time_limits.values() if t is not None]
+        interval = min(extend_every, self.heartbeat_interval, *(t / 4 for t in limits))
+        interval = max(0.05, interval)
+        next_extend = next_beat = time.monotonic()
         try:
             while not self._keeper_stop.wait(interval):
+                now = time.monotonic()
                 try:
-                    self._extend_leases()
+                    if limits:
+                        self._enforce_time_limits()
+                    if now >= next_extend:
+                        next_extend = now + extend_every
+                        self._extend_leases()
+                    if now >= next_beat:
+                        next_beat = now + self.heartbeat_interval
+                        if not liveness.beat(self.name, using=self.using):
+                            liveness.register(
+                                self.name,
+                                queues=self.queues,
+                                concurrency=self.concurrency,
+                                using=self.using,
+                            )
+                        self.stats["released_from_dead"] += sum(
+                            liveness.release_dead(self.name, using=self.using).values()
+                        )
                 except DatabaseError:
-                    logger.warning("could not extend leases", exc_info=True)
+                    logger.warning(
+                        "could not extend leases or record the heartbeat; reconnecting",
+                        exc_info=True,
+                    )
+                    self._db_failures += 1
                     connections[self.using].close()
         finally:
             connections.close_all()
+
+    def _enforce_time_limits(self) -> None:
+        """Fail attempts that ran past their handler's ``time_limit``.
+
+        The handler's thread cannot be stopped: the attempt is failed (and
+        retried per the retry policy) under its token, which fences off its
+        late outcome, the lease is no longer extended, and a new executor
+        thread takes the slot so the worker keeps its full concurrency.
+        """
+        now = time.monotonic()
+        with self._cond:
+            late = [
+                (key, held)
+                for key, held in self._held.items()
+                if held.time_limit is not None
+                and held.started_at is not None
+                and now - held.started_at > held.time_limit.total_seconds()
+            ]
+        for (pk, token), held in late:
+            assert held.message is not None and held.time_limit is not None
+            result = record_time_limit(held.message, token, held.time_limit, using=self.using)
+            with self._cond:
+                if self._held.get((pk, token)) is not held:
+                    continue  # it finished meanwhile; its own outcome won the race
+                del self._held[(pk, token)]
+                held.lane.running -= 1
+                held.lane.held -= 1
+                self.stats["time_limit"] += 1
+                if held.thread in self._threads:
+                    self._threads.remove(held.thread)
+                if not self._stopping:
+                    self._start_thread(
+                        self._executor_loop, f"delayq-executor-{uuid.uuid4().hex[:6]}"
+                    )
+                self._cond.notify_all()
+            if self.metrics is not None and held.started_at is not None:
+                self.metrics.processed(held.message.queue, result, now - held.started_at)
+            logger.error(
+                "message %s (%s/%s) ran past its time limit of %s: attempt %s, %s; "
+                "its handler's late outcome will be discarded",
+                pk,
+                held.message.queue,
+                held.message.key,
+                held.time_limit,
+                held.message.attempt_count,
+                result,
+                extra=message_fields(held.message, outcome=result),
+            )
 
     def _extend_leases(self) -> None:
         groups: dict[tuple[uuid.UUID, timedelta], list[int]] = defaultdict(list)
@@ -449,7 +632,7 @@ class Worker:
             count = self._release(waiting, started=False)
             logger.info("released %d claimed but unstarted message(s)", count)
         deadline = time.monotonic() + self.shutdown_grace
-        for thread in self._threads:
+        for thread in list(self._threads):
             while thread.is_alive() and not self._force and time.monotonic() < deadline:
                 thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
         with self._cond:
@@ -462,8 +645,14 @@ class Worker:
                 "they will be redelivered",
                 count,
             )
+        if self._acks is not None:
+            self._acks.close()
         self._keeper_stop.set()
         keeper.join(timeout=5)
+        try:
+            liveness.mark_stopped(self.name, using=self.using)
+        except DatabaseError:
+            logger.warning("could not record this worker's stop", exc_info=True)
         if self._waker is not None:
             self._waker.close()
         connections.close_all()

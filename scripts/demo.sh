@@ -106,8 +106,10 @@ manage delayq_status
 step "what happened"
 SUMMARY_PY='
 import sys
+from django_delayq.backends import TASK_KIND
 from django_delayq.models import Message
 from orders.models import Order
+from orders.tasks import send_receipt
 
 def secs(start, end):
     return f"+{(end - start).total_seconds():.1f}s" if start and end else "-"
@@ -148,6 +150,16 @@ print(
     + (f", next at {upcoming.next_attempt_time:%H:%M:%S}" if upcoming else "")
 )
 
+print()
+print("Django task (orders/tasks.py through DelayQBackend, read back with get_result):")
+unfinished_tasks = []
+for m in Message.objects.filter(kind=TASK_KIND).order_by("pk"):
+    r = send_receipt.get_result(str(m.pk))
+    outcome = r.return_value if r.status == "SUCCESSFUL" else r.errors
+    print(f"  {r.task.name} #{r.id}: {r.status}, attempts {r.attempts} -> {outcome}")
+    if r.status != "SUCCESSFUL":
+        unfinished_tasks.append(r.id)
+
 counts = {s: shown.filter(status=s).count() for s in Message.Status.values}
 print()
 print("Totals: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
@@ -156,6 +168,8 @@ if early:
     problems.append(f"started before their due time: {early}")
 if Order.objects.exclude(status=Order.Status.CONFIRMED).exists():
     problems.append("some orders are not confirmed")
+if unfinished_tasks:
+    problems.append(f"tasks that did not succeed: {unfinished_tasks}")
 if counts["pending"] or counts["running"]:
     problems.append("some messages are still pending or running")
 for p in problems:

@@ -2,7 +2,10 @@
 # One entry point for the project's jobs; the Makefile targets call it.
 #
 #   scripts/dev.sh venv    create .venv and install the package with its extras
-#   scripts/dev.sh test    lint, checks, then the whole suite on PostgreSQL and SQLite
+#   scripts/dev.sh test    lint, checks, the whole suite on PostgreSQL and SQLite, on
+#                          MariaDB/MySQL when one is reachable, then the Django 6 leg (below)
+#   scripts/dev.sh django6 the matrix's second leg: Python 3.12+ and Django 6.x in
+#                          .venv-dj6, checks plus the Tasks backend and a core smoke subset
 #   scripts/dev.sh demo    run the example project on its SQLite default
 #
 # Works on a fresh Debian machine with Python 3.11+: what is missing (the
@@ -37,9 +40,24 @@ ensure_venv() {
       "$PYTHON" -m venv "$VENV"
     fi
   fi
+  local extras="postgres,test,example,dev,spark"
+  if ensure_mysqlclient_build; then
+    extras="$extras,mysql"
+  else
+    log "cannot install libmariadb-dev here: no mysqlclient, so no MariaDB/MySQL test run"
+  fi
   log "installing django-delayq and its test dependencies"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q -e ".[postgres,test,example,dev,spark]"
+  "$PY" -m pip install -q -e ".[$extras]"
+}
+
+ensure_mysqlclient_build() {
+  # mysqlclient (the mysql extra) is a C extension PyPI ships as source for
+  # Linux: it builds against Debian's libmariadb-dev, found by pkg-config.
+  if ! pkg-config --exists libmariadb 2>/dev/null && ! pkg-config --exists mysqlclient 2>/dev/null; then
+    log "installing libmariadb-dev and pkg-config to build mysqlclient"
+    apt_install libmariadb-dev pkg-config
+  fi
 }
 
 ensure_chromium() {
@@ -79,14 +97,106 @@ run_suite() {
   sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-suite-$(id -u).sqlite3"
   log "test suite on PostgreSQL ($pg_url)"
   DATABASE_URL="$pg_url" "$PY" -m pytest "$@"
+  log "example project's tests on PostgreSQL"
+  DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider example_project
   log "test suite on SQLite ($sqlite_url)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
+  log "example project's tests on SQLite"
+  DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider example_project
+  run_mysql_suite "$@"
+}
+
+# -- MariaDB / MySQL: when DATABASE_URL points at one, or one answers locally -----
+
+mysql_url() {
+  # DATABASE_URL if it is a mysql:// URL, else root (no password) on
+  # 127.0.0.1:3306 (DELAYQ_MYSQL_HOST / DELAYQ_MYSQL_PORT) if that logs in.
+  if [[ "${DATABASE_URL:-}" == mysql://* ]]; then
+    echo "$DATABASE_URL"
+    return
+  fi
+  local host="${DELAYQ_MYSQL_HOST:-127.0.0.1}" port="${DELAYQ_MYSQL_PORT:-3306}"
+  if "$PY" -c 'import sys, MySQLdb; MySQLdb.connect(host=sys.argv[1], port=int(sys.argv[2]), user="root", connect_timeout=3).close()' \
+      "$host" "$port" 2>/dev/null; then
+    echo "mysql://root@$host:$port/delayq_suite_$(id -u)"
+  fi
+}
+
+run_mysql_suite() {
+  # Everything but the browser tests (the admin's pages are covered by
+  # tests/admin) and the Spark pipeline (PostgreSQL/SQLite only; its refusal
+  # on MySQL is tested): unit, integration, admin, cron and the
+  # multi-process exactly-once tests.
+  local url
+  url="$(mysql_url)"
+  if [ -z "$url" ]; then
+    log "no MariaDB/MySQL at ${DELAYQ_MYSQL_HOST:-127.0.0.1}:${DELAYQ_MYSQL_PORT:-3306}: skipping its test run"
+    return 0
+  fi
+  log "test suite on MariaDB/MySQL (${url})"
+  DATABASE_URL="$url" "$PY" -m pytest --ignore=tests/browser --ignore=tests/pipeline "$@"
+}
+
+# -- the Django 6 leg: Python 3.12+ (Django 6 needs it) with django.tasks --------
+
+VENV_DJ6="${VENV_DJ6:-.venv-dj6}"
+# The main leg runs everything on Django 5.2 (with the django-tasks backport);
+# this one keeps to what differs between the two: the Tasks backend on
+# django.tasks, and a core subset (enqueue, worker, admin list) that meets
+# Django's own changes and deprecations (warnings are errors).
+DJ6_TESTS=(
+  tests/integration/test_tasks_backend.py tests/process/test_tasks_processes.py
+  tests/unit tests/integration/test_enqueue.py tests/integration/test_worker.py
+  tests/admin/test_changelist.py
+)
+
+find_python_dj6() {
+  # PYTHON_DJ6, else python3.12 / python3.13 on PATH, else a pyenv-installed 3.12+.
+  local candidate version
+  for candidate in "${PYTHON_DJ6:-}" python3.12 python3.13; do
+    if [ -n "$candidate" ] &&
+      "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  if command -v pyenv >/dev/null; then
+    for version in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.1[2-9]\.[0-9]+$' | sort -V); do
+      candidate="$(pyenv root)/versions/$version/bin/python3"
+      if [ -x "$candidate" ]; then echo "$candidate"; return 0; fi
+    done
+  fi
+  return 1
+}
+
+run_django6() {
+  local python pg_url sqlite_url py6="$VENV_DJ6/bin/python"
+  if ! python="$(find_python_dj6)"; then
+    echo "Django 6 leg: no Python 3.12+ found (set PYTHON_DJ6=/path/to/python3.12)" >&2
+    return 1
+  fi
+  if [ ! -x "$py6" ]; then
+    log "creating $VENV_DJ6 with $("$python" --version)"
+    "$python" -m venv "$VENV_DJ6"
+  fi
+  log "installing django-delayq with Django 6.x into $VENV_DJ6"
+  "$py6" -m pip install -q --upgrade pip
+  "$py6" -m pip install -q -e ".[postgres,test]" "Django>=6,<7"
+  log "Django $("$py6" -m django --version) checks"
+  DJANGO_SETTINGS_MODULE=tests.settings "$py6" -m django check
+  DJANGO_SETTINGS_MODULE=tests.settings "$py6" -m django makemigrations --check --dry-run
+  pg_url="$(scripts/ensure-postgres.sh)"
+  sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-dj6-$(id -u).sqlite3"
+  log "Django 6: Tasks backend and core subset on PostgreSQL ($pg_url)"
+  DATABASE_URL="$pg_url" "$py6" -m pytest -q -p no:cacheprovider "${DJ6_TESTS[@]}"
+  log "Django 6: Tasks backend and core subset on SQLite ($sqlite_url)"
+  DATABASE_URL="$sqlite_url" "$py6" -m pytest -q -p no:cacheprovider "${DJ6_TESTS[@]}"
 }
 
 case "${1:-}" in
   venv) ensure_venv; ensure_spark_runtime ;;
-  test) shift; ensure_venv; ensure_chromium; ensure_spark_runtime; run_checks; run_suite "$@" ;;
+  test) shift; ensure_venv; ensure_chromium; ensure_spark_runtime; run_checks; run_suite "$@"; run_django6 ;;
   suite) shift; run_suite "$@" ;;
+  django6) run_django6 ;;
   demo) ensure_venv; scripts/demo.sh "$PY" ;;
-  *) echo "usage: $0 venv|test|suite|demo" >&2; exit 2 ;;
+  *) echo "usage: $0 venv|test|suite|django6|demo" >&2; exit 2 ;;
 esac

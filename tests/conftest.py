@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -128,3 +129,14 @@ def spawn_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerPro
     yield spawn
     for process in started:
         process.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """On MariaDB/MySQL, give queue and key the binary collation the README asks for."""
+    if connection.vendor != "mysql":
+        return
+    from django_delayq import mysql
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(mysql.binary_columns_sql(connection))

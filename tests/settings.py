@@ -4,6 +4,7 @@ Worker subprocesses started by the tests import these same settings and are
 pointed at the test database through DELAYQ_TEST_DATABASE_NAME.
 """
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -37,6 +38,11 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+if _db["ENGINE"] == "django.db.backends.mysql":
+    # A session time zone that is not UTC, so that every test proves the
+    # database clock (clock.sql_now) is read in UTC, as Django stores it.
+    _db["OPTIONS"] = {"charset": "utf8mb4", "init_command": "SET time_zone = '+05:00'"}
+    _db.setdefault("TEST", {}).update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
 if os.environ.get("DELAYQ_TEST_DATABASE_NAME"):
     _db["NAME"] = os.environ["DELAYQ_TEST_DATABASE_NAME"]
 
@@ -81,6 +87,10 @@ if os.environ.get("DELAYQ_TEST_POLL"):
     DELAYQ["POLL_INTERVAL"] = float(os.environ["DELAYQ_TEST_POLL"])
 if os.environ.get("DELAYQ_TEST_GRACE"):
     DELAYQ["SHUTDOWN_GRACE"] = float(os.environ["DELAYQ_TEST_GRACE"])
+if os.environ.get("DELAYQ_TEST_HEARTBEAT"):
+    DELAYQ["HEARTBEAT_INTERVAL"] = float(os.environ["DELAYQ_TEST_HEARTBEAT"])
+if os.environ.get("DELAYQ_TEST_DEAD_AFTER"):
+    DELAYQ["WORKER_DEAD_AFTER"] = float(os.environ["DELAYQ_TEST_DEAD_AFTER"])
 # Cron schedules for worker subprocesses, as JSON: {"name": {"every": 2, "queue": "ticks"}}.
 if os.environ.get("DELAYQ_TEST_SCHEDULES"):
     DELAYQ["SCHEDULES"] = json.loads(os.environ["DELAYQ_TEST_SCHEDULES"])
@@ -98,3 +108,35 @@ LOGGING = {
         }
     },
 }
+# Timestamped worker logs (the chaos run's post-mortems).
+if os.environ.get("DELAYQ_LOG_TIMES"):
+    LOGGING["formatters"] = {"timed": {"format": "%(asctime)s %(process)d %(message)s"}}
+    LOGGING["handlers"]["console"]["formatter"] = "timed"  # type: ignore[index]
+
+# Django's Tasks framework (django.tasks on Django 6, the django-tasks backport
+# on 5.2) through DelayQBackend; the suite's tasks are in tests/testapp/tasks.py.
+if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+    if not importlib.util.find_spec("django.tasks"):
+        INSTALLED_APPS.append("django_tasks")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_delayq.backends.DelayQBackend",
+            "QUEUES": ["default", "emails"],
+        },
+        "retrying": {
+            "BACKEND": "django_delayq.backends.DelayQBackend",
+            "QUEUES": ["tasks-retry"],
+            "OPTIONS": {"MAX_ATTEMPTS": 2},
+        },
+    }
+    # The framework logs from its own receivers of the task signals: worker
+    # subprocesses print them, so the tests see the signals sent there.
+    _tasks_logger = {
+        "handlers": ["console"],
+        "level": os.environ.get("DELAYQ_LOG_LEVEL", "WARNING"),
+    }
+    LOGGING["loggers"] = {
+        "django.tasks": _tasks_logger,  # Django 6
+        "django_tasks": _tasks_logger,  # the backport
+        **LOGGING["loggers"],  # type: ignore[dict-item]
+    }

@@ -10,6 +10,8 @@
 ``dashboard.py``, ``triage.py``, ``schedules.py``
     the queue dashboard (with pause/resume), the failures view grouped by
     error fingerprint, and the cron schedules page.
+``workers.py``
+    ``WorkerStateAdmin``: the workers and their heartbeats (read-only).
 
 Other admin modules add their pages under the message changelist's URL by
 appending to ``EXTRA_URLS`` (or calling ``register_view``) when imported;
@@ -29,4 +31,4 @@ from django_delayq.admin.messages import (
 __all__ = ["EXTRA_URLS", "OBJECT_TOOLS", "MessageAdmin", "register_view"]
 
 # Extra admin pages: import the modules that register them here.
-from django_delayq.admin import dashboard, schedules, triage  # noqa: E402, F401
+from django_delayq.admin import dashboard, schedules, triage, workers  # noqa: E402, F401

@@ -161,7 +161,7 @@ def status_badge(message: Message) -> SafeString:
 class MessagePaginator(Paginator):
     """Counts that stay cheap on a table of millions of messages.
 
-    Without filters, on PostgreSQL, the count is the planner's estimate
+    Without filters, on PostgreSQL and MariaDB/MySQL, the count is the database's estimate
     (``search.estimated_count``) once the table is over ``ESTIMATE_ABOVE``
     rows. Otherwise the first page is read first (``per_page + 1`` rows): if
     that is all there is, it is the count and the page at once, so a search
@@ -585,8 +585,13 @@ class MessageAdmin(admin.ModelAdmin):
                 self.message_user(request, _("Search: %s") % error, level="WARNING")
         return search.apply(queryset, parsed), False
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        found = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 passes where the actions are shown (action_location);
+        # Django 5.2 has no such argument.
+        if action_location is None:
+            found = super().get_actions(request)
+        else:
+            found = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]
         # Django's own lists every object on its confirmation page and
         # deletes running messages; ours is one DELETE that spares them.
         found.pop("delete_selected", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import datetime
+import inspect
 from typing import Any
 
 from django import template
@@ -102,10 +103,16 @@ def date_hierarchy(cl: ChangeList) -> dict[str, Any]:
     }
 
 
+# Django 6 added the tag's name as InclusionAdminNode's first argument.
+_NODE_TAKES_NAME = "name" in inspect.signature(InclusionAdminNode.__init__).parameters
+
+
 @register.tag(name="delayq_date_hierarchy")
 def date_hierarchy_tag(parser: Parser, token: Token) -> InclusionAdminNode:
     # (django-stubs describes an older signature of InclusionAdminNode.)
-    return InclusionAdminNode(  # type: ignore[call-arg]
+    leading = ("delayq_date_hierarchy",) if _NODE_TAKES_NAME else ()
+    return InclusionAdminNode(  # type: ignore[call-arg,misc]
+        *leading,
         parser,  # type: ignore[arg-type]
         token,  # type: ignore[arg-type]
         func=date_hierarchy,

@@ -7,6 +7,7 @@ them the project runs on a SQLite file next to ``manage.py``, e.g.::
     DATABASE_URL=postgres://user:pass@localhost/delayq_example ./manage.py migrate
 """
 
+import importlib.util
 from pathlib import Path
 
 import environ
@@ -123,6 +124,19 @@ DELAYQ = {
     },
 }
 
+# Django's Tasks framework runs on django-delayq: ``@task`` functions
+# (orders/tasks.py) are enqueued as messages of these queues and run by
+# ``manage.py run_delayq``. Django 6 ships the framework; on Django 5.2 it is
+# the django-tasks backport (an app of its own).
+TASKS = {
+    "default": {
+        "BACKEND": "django_delayq.backends.DelayQBackend",
+        "QUEUES": ["default", "emails"],
+    },
+}
+if importlib.util.find_spec("django.tasks") is None:
+    INSTALLED_APPS.append("django_tasks")
+
 # How long after an order its follow-up email goes out. A real shop would
 # wait days; the demo waits seconds.
 ORDERS_FOLLOW_UP_DELAY = env.float("ORDERS_FOLLOW_UP_DELAY", default=5)
@@ -146,5 +160,8 @@ LOGGING = {
         "django_delayq": {"handlers": ["console"], "level": "INFO", "propagate": False},
         # What the example's handlers do.
         "orders": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Django's Tasks framework: each task's start and end (Django 6, then the backport).
+        "django.tasks": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "django_tasks": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }

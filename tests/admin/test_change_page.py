@@ -120,8 +120,9 @@ def test_editing_writes_only_the_edited_columns(admin_client, states, fake_clock
         )
     assert response.status_code == 302
     update = next(q["sql"] for q in ctx.captured_queries if q["sql"].startswith("UPDATE"))
-    assert '"priority"' in update and '"payload"' in update and '"updated_at"' in update
-    assert '"status"' not in update and '"lock_token"' not in update
+    qn = connection.ops.quote_name
+    assert qn("priority") in update and qn("payload") in update and qn("updated_at") in update
+    assert qn("status") not in update and qn("lock_token") not in update
     after = Message.objects.get(pk=message.pk)
     assert after.priority == 4 and after.payload == {"fixed": True}
     assert after.status == "running" and after.lock_token == message.lock_token

@@ -14,6 +14,8 @@ from django_delayq.models import Message
 from tests.admin.message_pages import CHANGELIST, listed, one_of_each
 from tests.factories import MessageFactory
 
+qn = connection.ops.quote_name  # "name" on PostgreSQL and SQLite, `name` on MariaDB/MySQL
+
 pytestmark = pytest.mark.django_db
 
 
@@ -125,7 +127,19 @@ def test_filter_choices_do_not_scan_the_table(admin_client):
     with CaptureQueriesContext(connection) as ctx:
         admin_client.get(CHANGELIST)
     sql = [q["sql"] for q in ctx.captured_queries if "django_delayq_message" in q["sql"]]
-    assert not [s for s in sql if "DISTINCT" in s.upper()]
+    distinct = [s for s in sql if "DISTINCT" in s.upper()]
+    if connection.vendor == "mysql":
+        # MariaDB/MySQL answer DISTINCT from an index alone: a loose index
+        # scan ("Using index for group-by") once the table is large, a
+        # covering index scan ("Using index") on a table this small.
+        assert len(distinct) == 2
+        for statement in distinct:
+            with connection.cursor() as cursor:
+                cursor.execute(f"EXPLAIN {statement}")
+                plan = " ".join(str(cell) for row in cursor.fetchall() for cell in row)
+            assert "Using index" in plan, plan
+    else:
+        assert not distinct
     assert not [s for s in sql if re.search(r"\b(MIN|MAX)\(", s.upper())]
 
 
@@ -170,11 +184,23 @@ def test_a_big_unfiltered_table_shows_the_estimate_without_counting(admin_client
 
 def test_postgresql_estimate_comes_from_the_statistics():
     if connection.vendor != "postgresql":
-        assert search.estimated_count() is None
+        if connection.vendor == "sqlite":
+            assert search.estimated_count() is None
         return
     MessageFactory.create_batch(20)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE django_delayq_message")
+    assert search.estimated_count() == 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mysql_estimate_comes_from_innodb_statistics():
+    if connection.vendor != "mysql":
+        pytest.skip("InnoDB's table statistics are MariaDB's and MySQL's")
+    MessageFactory.create_batch(20)
+    with connection.cursor() as cursor:
+        # Commits: ANALYZE TABLE is a statement MySQL runs outside transactions.
+        cursor.execute("ANALYZE TABLE django_delayq_message")
     assert search.estimated_count() == 20
 
 
@@ -185,10 +211,10 @@ def test_the_list_leaves_payload_and_traceback_in_the_database(admin_client):
     selects = [
         q["sql"]
         for q in ctx.captured_queries
-        if q["sql"].startswith('SELECT "django_delayq_message"."id"')
+        if q["sql"].startswith(f"SELECT {qn('django_delayq_message')}.{qn('id')}")
     ]
     assert selects
-    assert all('"payload"' not in s and '"last_traceback"' not in s for s in selects)
+    assert all(qn("payload") not in s and qn("last_traceback") not in s for s in selects)
 
 
 def test_no_facet_counts(admin_client):
@@ -272,7 +298,7 @@ def test_a_result_that_fits_on_one_page_is_read_once(admin_client):
     with CaptureQueriesContext(connection) as ctx:
         response = admin_client.get(f"{CHANGELIST}?q=a%3D1")
     assert len(listed(response)) == 3
-    searches = [q["sql"] for q in ctx.captured_queries if '"payload"' in q["sql"]]
+    searches = [q["sql"] for q in ctx.captured_queries if qn("payload") in q["sql"]]
     assert len(searches) == 1, searches
 
 
@@ -283,7 +309,7 @@ def test_a_result_over_one_page_is_counted(admin_client, monkeypatch):
         response = admin_client.get(f"{CHANGELIST}?status__exact=pending")
     assert response.context["cl"].result_count == 5
     assert len(listed(response)) == 2
-    filtered = [q for q in ctx.captured_queries if "\"status\" = 'pending'" in q["sql"]]
+    filtered = [q for q in ctx.captured_queries if f"{qn('status')} = 'pending'" in q["sql"]]
     assert len(filtered) == 2  # the first page (also counted) and the capped count
     assert "5 messages" in response.content.decode()
     page3 = admin_client.get(f"{CHANGELIST}?status__exact=pending&p=3")

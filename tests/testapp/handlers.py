@@ -11,6 +11,7 @@ import time
 from django.utils import timezone
 
 from django_delayq import Discard, Retry, handler
+from django_delayq.retry import FixedDelay
 from tests.testapp.models import Effect, Execution
 
 
@@ -71,3 +72,44 @@ def slow_handler(message):
 def tick_handler(message):
     """Consumer of the cron tests' schedules (tests/*/test_cron*.py)."""
     _run(message)
+
+
+# The chaos suite's queues (tests/chaos/): attempts are plentiful because
+# workers are killed on purpose, and a crash spends the attempt it interrupts.
+CHAOS_TIME_LIMIT = 1.5
+
+
+@handler("chaos", max_attempts=50, retry=FixedDelay(delay=0.2))
+def chaos_handler(message):
+    _run(message)
+
+
+@handler("chaos-atomic", atomic=True, max_attempts=50, retry=FixedDelay(delay=0.2))
+def chaos_atomic_handler(message):
+    Effect.objects.create(message_id=message.pk, value=message.key[:100])
+    _run(message)
+
+
+@handler(
+    "chaos-slow",
+    max_attempts=50,
+    time_limit=CHAOS_TIME_LIMIT,
+    retry=FixedDelay(delay=0.2),
+)
+def chaos_slow_handler(message):
+    """Outlives its time limit (payload ``sleep``) until one attempt was failed for it.
+
+    Once a ``TimeLimitExceeded`` is recorded it runs quickly, so each slow
+    message hits its time limit exactly once, even if a worker running it is
+    killed before the limit.
+    """
+    if "TimeLimitExceeded" in message.last_error and isinstance(message.payload, dict):
+        message.payload = {k: v for k, v in message.payload.items() if k != "sleep"}
+    _run(message)
+
+
+@handler("poison", max_attempts=3)
+def poison_handler(message):
+    """Kills its own worker process, like a segfault or the OOM killer would."""
+    _run(message)
+    os._exit(3)

@@ -23,3 +23,20 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"effect of message {self.message_id}"
+
+
+class Sent(models.Model):
+    """A producer's ledger: one row per enqueue, written in the enqueue's transaction.
+
+    A row exists if and only if the transaction committed, so after a chaos
+    run the ledger is the exact list of messages that must be processed.
+    """
+
+    producer = models.PositiveIntegerField()
+    queue = models.CharField(max_length=100)
+    key = models.CharField(max_length=255)
+    outcome = models.CharField(max_length=16)
+    delayed = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.key} by producer {self.producer}"

@@ -1,12 +1,14 @@
-"""``manage.py delayq_status``: per-queue counts and lag."""
+"""``manage.py delayq_status``: per-queue counts and lag, then the workers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_delayq.liveness import held_by, workers
 from django_delayq.queues import paused_queues
 from django_delayq.stats import queue_stats
 
@@ -21,6 +23,11 @@ COLUMNS = (
     "lag",
     "state",
 )
+
+# A worker is dead when its heartbeat is older than DELAYQ["WORKER_DEAD_AFTER"];
+# "running" counts the messages it holds (a dead worker's are handed back by
+# the live ones within a heartbeat).
+WORKER_COLUMNS = ("worker", "state", "queues", "threads", "running", "last seen")
 
 
 def human(delta: timedelta) -> str:
@@ -37,7 +44,7 @@ def human(delta: timedelta) -> str:
 class Command(BaseCommand):
     help = (
         "Print per-queue message counts, the age of the oldest due message (lag) "
-        "and whether the queue is paused."
+        "and whether the queue is paused; then every worker, live, dead or stopped."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -67,9 +74,34 @@ class Command(BaseCommand):
         rows.sort(key=lambda row: row[0])
         if not rows:
             self.stdout.write("no messages")
-            return
-        table = [COLUMNS, *[tuple(str(c) for c in row) for row in rows]]
-        widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+        else:
+            self._table(COLUMNS, rows)
+        self._workers(options["database"])
+
+    def _workers(self, using: str | None) -> None:
+        known = workers(using)
+        if not known:
+            return  # nothing to add to the queue table
+        held = held_by([w.name for w in known], using)
+        self.stdout.write("")
+        self._table(
+            WORKER_COLUMNS,
+            [
+                (
+                    w.name,
+                    w.state,
+                    ",".join(w.queues),
+                    w.concurrency,
+                    held.get(w.name, 0),
+                    human(w.seen_ago) + " ago",
+                )
+                for w in known
+            ],
+        )
+
+    def _table(self, columns: tuple[str, ...], rows: Sequence[tuple[object, ...]]) -> None:
+        table = [columns, *[tuple(str(c) for c in row) for row in rows]]
+        widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
         for n, row in enumerate(table):
             self.stdout.write(
                 "  ".join(

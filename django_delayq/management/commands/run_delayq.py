@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
 
+from django_delayq.models import Message
 from django_delayq.worker import Worker
 
 
@@ -18,6 +21,13 @@ def positive_int(value: str) -> int:
         raise CommandError(f"expected a positive integer, got {value!r}") from None
     if number < 1:
         raise CommandError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def port_number(value: str) -> int:
+    number = positive_int(value)
+    if number > 65535:
+        raise CommandError(f"expected a TCP port (1-65535), got {value!r}")
     return number
 
 
@@ -54,9 +64,26 @@ class Command(BaseCommand):
         )
         parser.add_argument("--database", default=None, help="Database alias (default: router).")
         parser.add_argument("--name", default=None, help="Worker name stored in locked_by.")
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            default=None,
+            help="Serve Prometheus metrics on this port (default: DELAYQ['METRICS_PORT']); "
+            "needs the prometheus extra.",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default=None,
+            help="Address the metrics server listens on (default: DELAYQ['METRICS_ADDRESS']).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        # The database checks need a connection (the server's version: E050).
+        self.check(
+            tags=[Tags.database],
+            databases=[options["database"] or router.db_for_write(Message)],
+        )
         try:
             worker = Worker(
                 options["queues"],
@@ -65,12 +92,17 @@ class Command(BaseCommand):
                 burst=options["burst"],
                 using=options["database"],
                 name=options["name"],
+                metrics_port=options.get("metrics_port"),
+                metrics_address=options.get("metrics_address"),
             )
         except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         if not options.get("skip_signals"):
             worker.install_signal_handlers()
-        stats = worker.run()
+        try:
+            stats = worker.run()
+        except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
+            raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 1 and options["burst"]:
             summary = ", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "nothing due"
             self.stdout.write(f"run_delayq: {summary}")

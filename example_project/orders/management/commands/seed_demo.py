@@ -2,7 +2,8 @@
 
 Shows the producer side of django-delayq: an order and its messages in one
 transaction (and gone together on rollback), delayed delivery, a batch with
-``enqueue_many``, and keys that make a repeated enqueue harmless.
+``enqueue_many``, keys that make a repeated enqueue harmless, and a task of
+Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django_delayq import EnqueueResult, enqueue, enqueue_many
 from django_delayq.models import Message
 from orders.models import Order
 from orders.services import place_order
+from orders.tasks import send_receipt
 
 CUSTOMERS = [
     ("alice@example.com", "42.50"),
@@ -95,6 +97,14 @@ class Command(BaseCommand):
         out(
             f"confirm-{first.pk} enqueued again: {result.outcome.value} "
             f"(still one message, #{result.message.pk})"
+        )
+
+        out("A receipt as a Django task (TASKS: DelayQBackend), in the order's transaction:")
+        with transaction.atomic():
+            receipt = send_receipt.enqueue(first.pk)
+        out(
+            f"  send_receipt.enqueue({first.pk}): task {receipt.id} {receipt.status} "
+            f"(queue {receipt.task.queue_name}, priority {receipt.task.priority})"
         )
 
         out(f"Seeded {Order.objects.count()} orders and {Message.objects.count()} messages.")

@@ -1,0 +1,141 @@
+"""Acknowledgements committed together: one statement and one commit per batch.
+
+A worker whose handlers are fast spends nearly all its time committing one
+acknowledgement per message (the commit waits for the write-ahead log to
+reach the disk). Instead, executor threads hand each success of a non-atomic
+handler to an :class:`AckBuffer` and move on to the next message; the
+buffer's own thread commits everything handed to it in one compare-and-set
+transaction (``claim.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the
+first of them, or as soon as ``max_size`` are waiting, then logs and signals
+each success (after the commit, as for a single acknowledgement).
+
+What it does not change: an acknowledgement is still a compare-and-set on
+``(id, lock_token)`` (a message claimed again after its lease expired is
+reported as a lost lease, not acknowledged); atomic handlers still commit
+their writes and their acknowledgement together; a shutdown commits what is
+waiting before the worker exits. What it widens: if the process is killed
+(SIGKILL, power loss) after a handler returned and before the batch commits,
+that message is redelivered when its lease expires and its handler runs
+again, as it would if the process died just before a single acknowledgement.
+The window is ``ACK_DELAY`` plus one commit; ``ACK_DELAY = None`` turns
+batching off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+
+from django.db import DatabaseError, connections
+
+from django_delayq import claim
+from django_delayq.execute import Result, _lease_lost, _settle, record_success
+from django_delayq.models import Message
+
+logger = logging.getLogger("django_delayq.worker")
+
+
+class AckBuffer:
+    """Collects successes from executor threads and commits them in batches."""
+
+    def __init__(
+        self,
+        using: str,
+        *,
+        max_delay: float,
+        max_size: int = 500,
+        on_lost: Callable[[Message], None] | None = None,
+    ) -> None:
+        self.using = using
+        self.max_delay = max_delay
+        self.max_size = max_size
+        self.on_lost = on_lost
+        self._items: list[tuple[Message, uuid.UUID, float]] = []
+        self._first_at = 0.0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="delayq-acks", daemon=True)
+        self._thread.start()
+
+    def add(self, message: Message, token: uuid.UUID, duration: float) -> None:
+        with self._cond:
+            if not self._items:
+                self._first_at = time.monotonic()
+            self._items.append((message, token, duration))
+            if len(self._items) == 1 or len(self._items) >= self.max_size:
+                self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Commit what is waiting and stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _take(self) -> list[tuple[Message, uuid.UUID, float]] | None:
+        with self._cond:
+            while not self._items and not self._closing:
+                self._cond.wait()
+            if not self._items:
+                return None
+            while len(self._items) < self.max_size and not self._closing:
+                remaining = self._first_at + self.max_delay - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            batch, self._items = self._items, []
+            return batch
+
+    def _loop(self) -> None:
+        try:
+            while (batch := self._take()) is not None:
+                self._flush(batch)
+        finally:
+            connections.close_all()
+
+    def _flush(self, batch: list[tuple[Message, uuid.UUID, float]]) -> None:
+        held: dict[uuid.UUID, list[int]] = defaultdict(list)
+        for message, token, _ in batch:
+            held[token].append(message.pk)
+        try:
+            mine = _settle_ids(self.using, lambda: claim.ack_held(held, using=self.using))
+        except DatabaseError:
+            # As when a single acknowledgement cannot be recorded: the
+            # messages keep their lease and are redelivered when it expires.
+            logger.exception(
+                "could not record the success of %d message(s); they will be redelivered "
+                "when their lease expires",
+                len(batch),
+            )
+            connections[self.using].close()
+            return
+        for message, _, duration in batch:
+            if message.pk in mine:
+                record_success(message, duration, using=self.using)
+            else:
+                _lease_lost(message)
+                if self.on_lost is not None:
+                    self.on_lost(message)
+
+
+def _settle_ids(using: str, write: Callable[[], set[int]]) -> set[int]:
+    found: set[int] = set()
+
+    def run() -> int:
+        found.clear()
+        found.update(write())
+        return len(found)
+
+    _settle(using, run)
+    return found
+
+
+__all__ = ["AckBuffer", "Result"]

@@ -1,0 +1,69 @@
+"""The workers page: every ``run_delayq`` process, live, dead or stopped (read-only).
+
+Rows are written by the workers themselves (``liveness.py``); an operator
+only looks. "Dead" means the heartbeat is older than
+``DELAYQ["WORKER_DEAD_AFTER"]`` by the database's clock; live workers have
+already handed back (or will within one heartbeat) the messages it held.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+from django_delayq import clock, liveness
+from django_delayq.models import Message, WorkerState
+
+
+@admin.register(WorkerState)
+class WorkerStateAdmin(admin.ModelAdmin):  # not [WorkerState]: fails at run time
+    list_display = ("name", "state", "host", "pid", "queue_list", "held", "seen", "started_at")
+    list_filter = ("host",)
+    search_fields = ("name", "host")
+    ordering = ("-last_seen",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerState]:
+        held = (
+            Message.objects.filter(status=Message.Status.RUNNING, locked_by=OuterRef("name"))
+            .order_by()
+            .values("locked_by")
+            .annotate(n=Count("id"))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(db_now=clock.sql_now(), held_count=Coalesce(Subquery(held), 0))
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=_("state"))
+    def state(self, obj: Any) -> str:
+        if obj.stopped_at:
+            return str(_("stopped"))
+        ago = obj.db_now - obj.last_seen
+        return str(_("live") if ago <= liveness.dead_after() else _("dead"))
+
+    @admin.display(description=_("last seen"), ordering="last_seen")
+    def seen(self, obj: Any) -> str:
+        ago = max(timedelta(0), obj.db_now - obj.last_seen)
+        return str(_("%(seconds)s s ago") % {"seconds": int(ago.total_seconds())})
+
+    @admin.display(description=_("queues"))
+    def queue_list(self, obj: WorkerState) -> str:
+        return ", ".join(obj.queues or [])
+
+    @admin.display(description=_("running messages"), ordering="held_count")
+    def held(self, obj: Any) -> int:
+        return int(obj.held_count)

@@ -1,0 +1,456 @@
+"""A backend for Django's Tasks framework: ``task.enqueue()`` writes a delayq message.
+
+::
+
+    TASKS = {"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                         "QUEUES": ["default", "emails"]}}
+
+A task call becomes one message of kind ``django.tasks`` in the queue named by
+the task's ``queue_name``, written through the caller's connection, so it
+commits or rolls back with the caller's transaction. ``run_delayq`` runs it:
+the app config registers :func:`run_task` as the handler of that kind on each
+of the backend's queues (a kind-specific handler, so a project's own
+``@handler`` for the same queue keeps its other messages).
+
+The message row is the task result, so no table of its own is needed: the
+call (task path, args, kwargs) is the payload, and the worker adds to it what
+the row's columns do not hold (the return value, each attempt's exception
+class and traceback, the worker ids), in a compare-and-set write on the lock
+token, as every write of a worker is. The ``TaskResult`` id is the message id.
+
+Priorities keep their value: Django's range (-100..100, higher runs first) is
+inside delayq's (-32768..32767, higher runs first), so task messages and
+plain messages of one queue are ordered on one scale. A message reprioritised
+outside Django's range (from the admin) reads back clamped to it.
+
+Works with ``django.tasks`` (Django 6) and with the ``django-tasks`` backport
+(Django 5.2), whichever is importable, ``django.tasks`` first.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from traceback import format_exception
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import router, transaction
+from django.utils.module_loading import import_string
+
+from django_delayq import claim
+from django_delayq.exceptions import Retry
+from django_delayq.models import Message
+from django_delayq.payload import encode_payload
+from django_delayq.registry import HandlerSpec, registry, validate_queue_name
+
+if TYPE_CHECKING:
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import (
+        TASK_MAX_PRIORITY,
+        TASK_MIN_PRIORITY,
+        Task,
+        TaskContext,
+        TaskError,
+        TaskResult,
+        TaskResultStatus,
+    )
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+else:
+    try:
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import (
+            TASK_MAX_PRIORITY,
+            TASK_MIN_PRIORITY,
+            Task,
+            TaskContext,
+            TaskError,
+            TaskResult,
+            TaskResultStatus,
+        )
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
+    except ImportError:
+        try:
+            import django_tasks.checks  # noqa: F401  (registers the backends' checks)
+            from django_tasks.backends.base import BaseTaskBackend
+            from django_tasks.base import (
+                TASK_MAX_PRIORITY,
+                TASK_MIN_PRIORITY,
+                Task,
+                TaskContext,
+                TaskError,
+                TaskResult,
+                TaskResultStatus,
+            )
+            from django_tasks.exceptions import InvalidTaskError as InvalidTask
+            from django_tasks.exceptions import TaskResultDoesNotExist
+            from django_tasks.signals import task_enqueued, task_finished, task_started
+            from django_tasks.utils import normalize_json
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                "django_delayq.backends.DelayQBackend needs Django's Tasks framework: "
+                "Django 6 (django.tasks), or on Django 5.2 the backport: "
+                "pip install 'django-delayq[tasks]'"
+            ) from exc
+
+__all__ = ["TASK_KIND", "DelayQBackend", "TaskCancelled", "TaskLost", "run_task"]
+
+logger = logging.getLogger("django_delayq.tasks")
+
+#: The ``kind`` of every task message: it selects :func:`run_task` in the registry.
+TASK_KIND = "django.tasks"
+
+OPTION_DEFAULTS: dict[str, Any] = {
+    # Attempts per task. 1 is the framework's contract (a task that raises is
+    # FAILED); more makes delayq retry it by the queue's RETRY_POLICY, and
+    # None takes DELAYQ's MAX_ATTEMPTS for the queue.
+    "MAX_ATTEMPTS": 1,
+}
+
+_STATUS = {
+    Message.Status.PENDING: TaskResultStatus.READY,
+    Message.Status.RUNNING: TaskResultStatus.RUNNING,
+    Message.Status.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    Message.Status.FAILED: TaskResultStatus.FAILED,
+    Message.Status.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+class TaskCancelled(Exception):
+    """The error of a task whose message an operator cancelled before it finished."""
+
+
+class TaskLost(Exception):
+    """The error of a task whose last attempt ended without returning or raising.
+
+    Its worker died or lost the message's lease, and no attempt was left
+    (``OPTIONS["MAX_ATTEMPTS"]``); the message's ``last_error`` says which.
+    """
+
+
+def _class_path(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+class DelayQBackend(BaseTaskBackend):
+    """Tasks become delayq messages; ``manage.py run_delayq`` runs them."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.max_attempts: int | None = {**OPTION_DEFAULTS, **self.options}["MAX_ATTEMPTS"]
+
+    # -- producing -----------------------------------------------------------
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        super().validate_task(task)
+        try:
+            validate_queue_name(task.queue_name)
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from exc
+
+    def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+        """Write the call as a message in the caller's transaction.
+
+        ``task_enqueued`` is sent once that transaction commits (at once
+        outside one): a rolled-back call was never enqueued.
+        """
+        from django_delayq.producer import enqueue
+
+        self.validate_task(task)
+        try:
+            call: dict[str, Any] = normalize_json({"args": args, "kwargs": kwargs})  # type: ignore[assignment]
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{task.module_path}: arguments must be JSON-serialisable: {exc}"
+            ) from exc
+        payload = {
+            "task": task.module_path,
+            "args": call["args"],
+            "kwargs": call["kwargs"],
+            "backend": self.alias,
+            "run_after": task.run_after.isoformat() if task.run_after else None,
+        }
+        message = enqueue(
+            task.queue_name,
+            payload,
+            kind=TASK_KIND,
+            run_at=task.run_after,
+            priority=task.priority,
+            max_attempts=self.max_attempts,
+        ).message
+        result = to_task_result(message, task)
+        alias = router.db_for_write(Message)
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result), using=alias
+        )
+        return result
+
+    # -- results -------------------------------------------------------------
+
+    def _messages(self, result_id: str) -> Any:
+        try:
+            pk = int(result_id)
+        except (TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        return Message.objects.filter(pk=pk, kind=TASK_KIND)
+
+    def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+        message = self._messages(result_id).first()
+        if message is None:
+            raise TaskResultDoesNotExist(result_id)
+        return to_task_result(message)
+
+    async def aget_result(self, result_id: str) -> TaskResult[Any, Any]:
+        message = await self._messages(result_id).afirst()
+        if message is None:
+            raise TaskResultDoesNotExist(result_id)
+        return to_task_result(message)
+
+    # -- checks --------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        """Configuration errors, reported by ``manage.py check`` and at worker start."""
+        where = f"TASKS[{self.alias!r}]"
+        errors: list[Any] = list(super().check(**kwargs))
+        if not apps.is_installed("django_delayq"):
+            errors.append(
+                checks.Error(
+                    f"{where} uses DelayQBackend but django_delayq is not installed",
+                    hint="add 'django_delayq' to INSTALLED_APPS and run migrate",
+                    id="django_delayq.E040",
+                )
+            )
+        if not self.queues:
+            errors.append(
+                checks.Error(
+                    f"{where}['QUEUES'] is empty: run_delayq needs the queue names to consume",
+                    hint='list them, e.g. "QUEUES": ["default", "emails"]',
+                    id="django_delayq.E041",
+                )
+            )
+        for queue in sorted(self.queues, key=str):
+            try:
+                validate_queue_name(queue)
+            except (TypeError, ValueError) as exc:
+                errors.append(checks.Error(f"{where}['QUEUES']: {exc}", id="django_delayq.E041"))
+        unknown = sorted(set(self.options) - set(OPTION_DEFAULTS))
+        if unknown:
+            errors.append(
+                checks.Error(
+                    f"{where}['OPTIONS'] has unknown option(s) {', '.join(map(repr, unknown))}",
+                    hint=f"known options: {', '.join(OPTION_DEFAULTS)}",
+                    id="django_delayq.E042",
+                )
+            )
+        limit = self.max_attempts
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            errors.append(
+                checks.Error(
+                    f"{where}['OPTIONS']['MAX_ATTEMPTS'] must be a positive integer or None, "
+                    f"got {limit!r}",
+                    id="django_delayq.E042",
+                )
+            )
+        return errors
+
+    def install(self) -> None:
+        """Register :func:`run_task` for this backend's valid queue names.
+
+        Called at start-up (``apps.py``) so that ``run_delayq`` consumes the
+        task queues; invalid names are left to :meth:`check` to report.
+        """
+        for queue in self.queues:
+            try:
+                validate_queue_name(queue)
+            except (TypeError, ValueError):
+                continue
+            registry.register(HandlerSpec(func=run_task, queue=queue, kind=TASK_KIND))
+
+
+def install_task_backends(settings_tasks: object) -> None:
+    """Install every ``TASKS`` entry whose backend is a :class:`DelayQBackend`."""
+    if not isinstance(settings_tasks, dict):
+        return
+    for alias, params in settings_tasks.items():
+        if not isinstance(params, dict):
+            continue
+        try:
+            backend_class = import_string(params.get("BACKEND", ""))
+        except ImportError:
+            continue  # the framework reports unknown backends
+        if isinstance(backend_class, type) and issubclass(backend_class, DelayQBackend):
+            backend_class(alias, params).install()
+            _connect_outcome_signals()
+
+
+# -- messages as task results ------------------------------------------------
+
+
+def _task_of(message: Message) -> Task[Any, Any]:
+    payload = message.payload
+    task = import_string(payload["task"])
+    if not isinstance(task, Task):
+        raise ImproperlyConfigured(
+            f"message {message.pk}: {payload['task']!r} is not a task (decorate it with @task)"
+        )
+    priority = max(TASK_MIN_PRIORITY, min(TASK_MAX_PRIORITY, message.priority))
+    return task.using(
+        priority=priority,
+        queue_name=message.queue,
+        run_after=_time(payload.get("run_after")),
+        backend=payload["backend"],
+    )
+
+
+def _errors(message: Message) -> list[TaskError]:
+    recorded = message.payload.get("errors", [])
+    errors = [
+        TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+        for e in recorded
+    ]
+    if message.status == Message.Status.CANCELLED:
+        errors.append(
+            TaskError(
+                exception_class_path=_class_path(TaskCancelled),
+                traceback="the message was cancelled by an operator before the task finished",
+            )
+        )
+    elif message.status == Message.Status.FAILED and (
+        not recorded or recorded[-1].get("attempt") != message.attempt_count
+    ):
+        errors.append(
+            TaskError(
+                exception_class_path=_class_path(TaskLost),
+                traceback="\n".join(filter(None, [message.last_error, message.last_traceback])),
+            )
+        )
+    return errors
+
+
+def to_task_result(message: Message, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
+    """The ``TaskResult`` a task message stands for."""
+    payload = message.payload
+    worker_ids = list(payload.get("worker_ids", []))
+    if message.status == Message.Status.RUNNING and message.locked_by:
+        worker_ids.append(message.locked_by)
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task or _task_of(message),
+        id=str(message.pk),
+        status=_STATUS[Message.Status(message.status)],
+        enqueued_at=message.created_at,
+        started_at=_time(payload.get("started_at")) or message.last_attempt_time,
+        last_attempted_at=message.last_attempt_time,
+        finished_at=message.finished_at,
+        args=payload["args"],
+        kwargs=payload["kwargs"],
+        backend=payload["backend"],
+        errors=_errors(message),
+        worker_ids=worker_ids,
+    )
+    object.__setattr__(result, "_return_value", payload.get("return_value"))
+    return result
+
+
+# -- running -----------------------------------------------------------------
+
+
+def _record(message: Message, **changes: Any) -> bool:
+    """Add to the message's payload while this worker still holds it."""
+    assert message.lock_token is not None
+    payload = dict(message.payload)
+    payload["worker_ids"] = [*payload.get("worker_ids", []), message.locked_by]
+    if not payload.get("started_at") and message.last_attempt_time:
+        payload["started_at"] = message.last_attempt_time.isoformat()
+    payload.update(changes)
+    encode_payload(payload)  # NaN, NUL or an oversized result fail the attempt, as its error
+    written = claim.write_payload(message.pk, message.lock_token, payload)
+    if written:
+        message.payload = payload
+    return bool(written)
+
+
+def _error(message: Message, exc: BaseException) -> dict[str, Any]:
+    return {
+        "exception_class_path": _class_path(type(exc)),
+        "traceback": "".join(format_exception(exc)).replace("\x00", "\\x00"),
+        "attempt": message.attempt_count,
+    }
+
+
+def run_task(message: Message) -> None:
+    """The handler of every task message: run the task, keep its outcome.
+
+    Sends ``task_started`` before the call. Exceptions propagate, so delayq
+    records the attempt (``last_error``) and applies the retry policy;
+    ``Retry`` snoozes the task as it does any message. ``task_finished`` is
+    sent by :func:`_send_task_finished` once delayq has committed the final
+    outcome.
+    """
+    try:
+        task = _task_of(message)
+    except Exception as exc:
+        _record(message, errors=[*message.payload.get("errors", []), _error(message, exc)])
+        raise
+    result = to_task_result(message, task)
+    try:
+        task_started.send(type(task.get_backend()), task_result=result)
+        args, kwargs = message.payload["args"], message.payload["kwargs"]
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        _record(message, return_value=normalize_json(value))
+    except Retry:
+        raise
+    except (Exception, SystemExit) as exc:
+        _record(message, errors=[*message.payload.get("errors", []), _error(message, exc)])
+        raise
+
+
+def _send_task_finished(sender: Any, message: Message, using: str, **kwargs: Any) -> None:
+    """``task_finished`` for a task message whose final outcome was just committed.
+
+    Connected to delayq's ``message_succeeded``, ``message_failed`` and
+    ``message_discarded``, which are sent after the outcome's commit, so
+    ``get_result()`` in a receiver reads the same finished result; an
+    attempt that will be retried sends nothing.
+    """
+    if message.kind != TASK_KIND:
+        return
+    row = Message.objects.using(using).filter(pk=message.pk).first()
+    if row is None:
+        return
+    result = to_task_result(row)
+    backend = type(result.task.get_backend())
+    for receiver, response in task_finished.send_robust(backend, task_result=result):
+        if isinstance(response, Exception):
+            logger.error(
+                "task_finished receiver %r raised for task %s",
+                receiver,
+                result.id,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+def _connect_outcome_signals() -> None:
+    from django_delayq import signals
+
+    for signal in (signals.message_succeeded, signals.message_failed, signals.message_discarded):
+        signal.connect(_send_task_finished, dispatch_uid="django_delayq.backends.task_finished")

@@ -1,0 +1,173 @@
+"""Worker heartbeats: who is consuming, who died, and what the dead held.
+
+Each ``run_delayq`` process keeps one ``WorkerState`` row fresh (its lease
+keeper thread writes ``last_seen`` every ``HEARTBEAT_INTERVAL``, with the
+database's clock). A row that stops moving for ``WORKER_DEAD_AFTER`` belongs
+to a dead process (SIGKILL, out of memory, a lost host): live workers hand
+its running messages back at once, so they are redelivered within seconds
+instead of at the end of their leases. A clean shutdown sets ``stopped_at``.
+
+The hand-back is the same compare-and-set as a lease expiry: it clears the
+lock token, so should the "dead" worker only have been frozen (a long GC
+pause, a network partition), nothing it records afterwards is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, router, transaction
+from django.db.models import Q
+
+from django_delayq import clock
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.models import Message, WorkerState
+
+logger = logging.getLogger("django_delayq.worker")
+
+# Rows of workers dead (or stopped) for longer than this are deleted.
+FORGET_AFTER = timedelta(days=1)
+
+
+def _db(using: str | None) -> str:
+    return using or router.db_for_write(WorkerState)
+
+
+def dead_after() -> timedelta:
+    return to_timedelta(get_config()["WORKER_DEAD_AFTER"])
+
+
+def register(
+    name: str, *, queues: Collection[str], concurrency: int, using: str | None = None
+) -> None:
+    """Record (or re-record, after a restart that reused the name) this worker."""
+    alias = _db(using)
+    fields = {
+        "host": socket.gethostname()[:255],
+        "pid": os.getpid(),
+        "queues": list(queues),
+        "concurrency": concurrency,
+        "started_at": clock.sql_now(),
+        "last_seen": clock.sql_now(),
+        "stopped_at": None,
+    }
+    rows = WorkerState.objects.using(alias)
+    if rows.filter(name=name).update(**fields):
+        return
+    try:
+        with transaction.atomic(using=alias):
+            rows.create(name=name, **fields)
+    except IntegrityError:  # registered concurrently under the same name
+        rows.filter(name=name).update(**fields)
+
+
+def beat(name: str, *, using: str | None = None) -> int:
+    """Refresh this worker's ``last_seen``; returns 0 if its row is gone."""
+    return (
+        WorkerState.objects.using(_db(using))
+        .filter(name=name)
+        .update(last_seen=clock.sql_now(), stopped_at=None)
+    )
+
+
+def mark_stopped(name: str, *, using: str | None = None) -> None:
+    now = clock.sql_now()
+    WorkerState.objects.using(_db(using)).filter(name=name).update(last_seen=now, stopped_at=now)
+
+
+def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
+    """Hand back the running messages of dead workers; returns counts by worker.
+
+    The messages become due at once and keep their attempt count (the attempt
+    was spent: a message that kills every worker that runs it still stops at
+    ``max_attempts``).
+    """
+    alias = _db(using)
+    cutoff = clock.sql_now_plus(-dead_after())
+    states = WorkerState.objects.using(alias)
+    dead = list(
+        states.filter(last_seen__lt=cutoff, stopped_at__isnull=True)
+        .exclude(name=me)
+        .values_list("name", flat=True)
+    )
+    released: dict[str, int] = {}
+    for name in dead:
+        count = (
+            Message.objects.using(alias)
+            .filter(status=Message.Status.RUNNING, locked_by=name)
+            .update(
+                status=Message.Status.PENDING,
+                next_attempt_time=clock.sql_now(),
+                lock_token=None,
+                updated_at=clock.sql_now(),
+            )
+        )
+        if count:
+            released[name] = count
+            logger.warning(
+                "worker %s stopped sending heartbeats; released %d message(s) it held", name, count
+            )
+    forget = clock.sql_now_plus(-max(FORGET_AFTER, dead_after()))
+    states.filter(last_seen__lt=forget).delete()
+    return released
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    name: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    started_at: datetime
+    last_seen: datetime
+    stopped_at: datetime | None
+    seen_ago: timedelta
+    state: str  # "live", "dead" or "stopped"
+
+
+def workers(using: str | None = None) -> list[WorkerView]:
+    """Every known worker with its state, judged by the database's clock."""
+    limit = dead_after()
+    rows = (
+        WorkerState.objects.using(_db(using))
+        .annotate(db_now=clock.sql_now())
+        .order_by("host", "name")
+    )
+    views = []
+    for row in rows:
+        ago = max(timedelta(0), row.db_now - row.last_seen)  # type: ignore[attr-defined]
+        state = "stopped" if row.stopped_at else "live" if ago <= limit else "dead"
+        views.append(
+            WorkerView(
+                name=row.name,
+                host=row.host,
+                pid=row.pid,
+                queues=list(row.queues or []),
+                concurrency=row.concurrency,
+                started_at=row.started_at,
+                last_seen=row.last_seen,
+                stopped_at=row.stopped_at,
+                seen_ago=ago,
+                state=state,
+            )
+        )
+    return views
+
+
+def held_by(names: Collection[str], using: str | None = None) -> dict[str, int]:
+    """How many running messages each of these workers holds."""
+    counts: dict[str, int] = {}
+    rows = (
+        Message.objects.using(_db(using))
+        .filter(Q(status=Message.Status.RUNNING) & Q(locked_by__in=list(names)))
+        .values_list("locked_by", flat=True)
+    )
+    for name in rows:
+        counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -1,0 +1,77 @@
+"""Django signals for the life of a message.
+
+Every signal is sent with ``sender=Message`` (the model class, as Django's
+model signals do) and keyword arguments; receivers should accept
+``**kwargs`` so that later arguments do not break them.
+
+* ``message_enqueued(message, outcome, using)``: a message was created or
+  updated by ``enqueue`` / ``enqueue_many`` (not for ``Outcome.IGNORED``).
+  Sent **after the enqueue's transaction commits** (``transaction.on_commit``),
+  once per message: a message that was rolled back with the caller's
+  transaction never existed, so nothing is announced for it. Inside a test
+  wrapped in a transaction (``TestCase``, pytest-django's ``db``) it is sent
+  only by ``captureOnCommitCallbacks(execute=True)`` /
+  ``django_capture_on_commit_callbacks``.
+* ``message_started(message, attempt, using)``: a worker is about to call the
+  handler (``attempt`` counts from 1).
+* ``message_succeeded(message, attempt, duration, using)``: the handler
+  returned and the message is marked succeeded.
+* ``message_retried(message, attempt, exception, delay, using)``: the attempt
+  failed (or the handler raised ``Retry``: ``exception`` is then that
+  ``Retry``) and the message will run again after ``delay``.
+* ``message_failed(message, attempt, exception, using)``: the message gave
+  up and is now ``failed`` (attempts exhausted, the retry policy said stop,
+  or no handler). ``exception`` is what the last attempt raised; after
+  attempts that ended without an outcome (a crashed worker) it is a
+  ``MessageAbandoned``.
+* ``message_discarded(message, attempt, reason, using)``: the handler raised
+  ``Discard(reason)``; the message is now ``failed`` and will not run again.
+
+The outcome signals are sent by the worker thread that recorded the outcome
+(the handler's, or the lease keeper's for an attempt past its time limit),
+after the outcome was committed; an attempt whose outcome could not be
+recorded (its lease was lost to another worker) sends none. ``duration`` is the handler's
+run time in seconds. A receiver that raises is logged
+(``django_delayq.signals``) and never changes the outcome. With no receiver
+connected, sending costs one attribute check.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+logger = logging.getLogger("django_delayq.signals")
+
+message_enqueued = Signal()
+message_started = Signal()
+message_succeeded = Signal()
+message_retried = Signal()
+message_failed = Signal()
+message_discarded = Signal()
+
+__all__ = [
+    "message_discarded",
+    "message_enqueued",
+    "message_failed",
+    "message_retried",
+    "message_started",
+    "message_succeeded",
+]
+
+
+def send(signal: Signal, **kwargs: Any) -> None:
+    """Send ``signal`` from the Message model; receivers' errors are logged, not raised."""
+    if not signal.receivers:
+        return
+    from django_delayq.models import Message
+
+    for receiver, response in signal.send_robust(Message, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "signal receiver %r raised",
+                receiver,
+                exc_info=(type(response), response, response.__traceback__),
+            )

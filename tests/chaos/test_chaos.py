@@ -1,0 +1,36 @@
+"""The chaos run, about a tenth of ``make chaos``, inside the suite (PostgreSQL).
+
+Real producer processes, real ``run_delayq`` workers, SIGKILLs, a SIGTERM
+and restart, every connection of the test database terminated once, and a
+handler that outlives its time limit; then every invariant is checked.
+"""
+
+import pytest
+from django.db import connection
+
+from tests.chaos.harness import Config, run_chaos
+
+pytestmark = [pytest.mark.process, pytest.mark.postgres_only]
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres():
+    if connection.vendor != "postgresql":
+        pytest.skip(
+            "the chaos run terminates database connections (pg_terminate_backend) and relies "
+            "on row locks between processes: PostgreSQL only"
+        )
+
+
+def test_short_chaos_run_loses_nothing(worker_env, tmp_path, capsys):
+    figures = run_chaos(Config.short(), worker_env, tmp_path)
+    with capsys.disabled():
+        print("\n" + figures.table())
+    assert not figures.violations, figures.table()
+    # The faults really happened, or the figures prove nothing.
+    assert figures.value("SIGKILLs") == Config.short().kills
+    assert figures.value("time limits hit") == Config.short().slow
+    assert figures.value("enqueue calls (ledger rows)") == Config.short().messages
+    assert (
+        int(str(figures.value("connection cuts (backends terminated)"))) > Config.short().consumers
+    )

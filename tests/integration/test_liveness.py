@@ -1,0 +1,134 @@
+"""Worker heartbeats, dead-worker release, time limits and the database clock."""
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from django_delayq import claim, enqueue, handler, liveness
+from django_delayq.models import Message, WorkerState
+from django_delayq.registry import registry
+
+pytestmark = pytest.mark.django_db
+
+
+def status_output() -> str:
+    out = StringIO()
+    call_command("delayq_status", stdout=out)
+    return out.getvalue()
+
+
+def test_dead_workers_messages_are_released_and_live_ones_kept(fake_clock):
+    liveness.register("dead-one", queues=["default"], concurrency=1)
+    liveness.register("live-one", queues=["default"], concurrency=1)
+    a = enqueue("default", {}, key="a").message
+    b = enqueue("default", {}, key="b").message
+    held_dead = claim.claim(["default"], 1, worker="dead-one", lease=timedelta(hours=1))
+    held_live = claim.claim(["default"], 1, worker="live-one", lease=timedelta(hours=1))
+    fake_clock.advance(liveness.dead_after().total_seconds() + 1)
+    liveness.beat("live-one")
+
+    assert liveness.release_dead("me") == {"dead-one": 1}
+
+    dead_pk = held_dead.messages[0].pk
+    released = Message.objects.get(pk=dead_pk)
+    assert (released.status, released.lock_token, released.attempt_count) == ("pending", None, 1)
+    assert released.next_attempt_time <= fake_clock()
+    assert Message.objects.get(pk=held_live.messages[0].pk).status == "running"
+    # The dead worker, should it wake up, can no longer settle what it held.
+    assert claim.ack([dead_pk], held_dead.token) == 0
+    assert {a.pk, b.pk} == {dead_pk, held_live.messages[0].pk}
+    states = {w.name: w.state for w in liveness.workers()}
+    assert states == {"dead-one": "dead", "live-one": "live"}
+
+
+def test_stopped_workers_are_not_dead_and_old_rows_are_forgotten(fake_clock):
+    liveness.register("gone", queues=["default"], concurrency=2)
+    liveness.mark_stopped("gone")
+    fake_clock.advance(3600)
+    assert [w.state for w in liveness.workers()] == ["stopped"]
+    assert liveness.release_dead("me") == {}
+    fake_clock.advance(liveness.FORGET_AFTER.total_seconds())
+    liveness.release_dead("me")
+    assert not WorkerState.objects.exists()
+
+
+def test_status_command_lists_live_and_dead_workers(fake_clock):
+    liveness.register("host-a:1", queues=["default", "other"], concurrency=4)
+    liveness.register("host-b:2", queues=["default"], concurrency=1)
+    enqueue("default", {})
+    claim.claim(["default"], 1, worker="host-a:1", lease=timedelta(hours=1))
+    fake_clock.advance(liveness.dead_after().total_seconds() + 5)
+    liveness.beat("host-b:2")
+    lines = status_output().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("worker"))
+    rows = {line.split()[0]: line.split() for line in lines[header + 2 :]}
+    assert rows["host-a:1"][1:5] == ["dead", "default,other", "4", "1"]
+    assert rows["host-b:2"][1:5] == ["live", "default", "1", "0"]
+
+
+def test_status_command_without_workers_shows_only_queues():
+    enqueue("default", {})
+    lines = status_output().splitlines()
+    assert lines[0].startswith("queue") and len(lines) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_registers_heartbeat_and_records_its_stop(run_worker):
+    enqueue("default", {})
+    run_worker(["default"], name="burst-worker")
+    state = WorkerState.objects.get(name="burst-worker")
+    assert state.queues == ["default"] and state.stopped_at is not None
+    assert state.last_seen >= state.started_at
+
+
+def test_claim_uses_the_database_clock_not_the_hosts(monkeypatch):
+    # A host whose clock runs an hour fast must neither claim early nor hand
+    # out leases that last an hour too long.
+    message = enqueue("default", {}, run_at=timezone.now() + timedelta(minutes=30)).message
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=1))
+    assert claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages == []
+    # (SQLite's now() has millisecond precision: due a second ago, to be clear.)
+    Message.objects.filter(pk=message.pk).update(
+        next_attempt_time=real_now() - timedelta(seconds=1)
+    )
+    held = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages[0]
+    assert held.next_attempt_time - held.last_attempt_time == timedelta(seconds=60)
+    assert held.next_attempt_time < real_now() + timedelta(minutes=5)
+
+
+@pytest.mark.parametrize("value", [0, -1, timedelta(0)])
+def test_handler_time_limit_must_be_positive(value):
+    with pytest.raises(ValueError, match="time_limit must be positive"):
+        handler("limits", time_limit=value)(lambda message: None)
+
+
+def test_time_limit_comes_from_handler_then_queue_then_setting():
+    spec = registry.lookup("chaos-slow", "")
+    assert spec.effective_time_limit() == timedelta(seconds=1.5)
+    plain = registry.lookup("default", "")
+    assert plain.effective_time_limit() is None
+    with override_settings(DELAYQ={"TIME_LIMIT": 30, "QUEUES": {"other": {"TIME_LIMIT": 5}}}):
+        assert plain.effective_time_limit() == timedelta(seconds=30)
+        assert registry.lookup("other", "").effective_time_limit() == timedelta(seconds=5)
+
+
+def test_bad_time_limit_and_heartbeat_settings_are_reported():
+    from django_delayq.checks import check_settings
+
+    with override_settings(DELAYQ={"TIME_LIMIT": "soon", "HEARTBEAT_INTERVAL": 0}):
+        ids = sorted(e.id for e in check_settings())
+    assert ids == ["django_delayq.E002", "django_delayq.E003"]
+
+
+def test_dead_after_shorter_than_two_heartbeats_is_reported():
+    from django_delayq.checks import check_settings
+
+    with override_settings(DELAYQ={"HEARTBEAT_INTERVAL": 10, "WORKER_DEAD_AFTER": 15}):
+        errors = check_settings()
+    assert [e.id for e in errors] == ["django_delayq.E020"]
+    assert "twice HEARTBEAT_INTERVAL" in errors[0].msg

@@ -1,0 +1,89 @@
+"""Tasks of Django's Tasks framework that the suite enqueues through DelayQBackend.
+
+The framework's names come from ``django.tasks`` (Django 6) or the
+``django-tasks`` backport (Django 5.2); the tests import them from here.
+"""
+
+import asyncio
+import time
+
+from django_delayq import Discard
+from tests.testapp.models import Effect
+
+try:
+    from django.tasks import TaskResultStatus, task, task_backends
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+except ImportError:
+    from django_tasks import TaskResultStatus, task, task_backends
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+
+__all__ = [
+    "InvalidTask",
+    "TaskResultDoesNotExist",
+    "TaskResultMismatch",
+    "TaskResultStatus",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+]
+
+
+class TaskBoom(Exception):
+    pass
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task
+async def add_async(a, b):
+    await asyncio.sleep(0)
+    return a + b
+
+
+@task(takes_context=True)
+def record(context, tag):
+    """Leaves an Effect row (its pk gives the order tasks ran in)."""
+    Effect.objects.create(message_id=int(context.task_result.id), value=tag)
+    return tag
+
+
+@task(queue_name="emails", takes_context=True)
+def send_email(context, to, subject=""):
+    Effect.objects.create(message_id=int(context.task_result.id), value=to)
+    return {"to": to, "subject": subject, "attempt": context.attempt}
+
+
+@task
+def explode(text):
+    raise TaskBoom(text)
+
+
+@task
+def give_up(reason):
+    raise Discard(reason)
+
+
+@task
+def returns_a_set():
+    return {1, 2}
+
+
+@task
+def sleep_for(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+@task(backend="retrying", queue_name="tasks-retry", takes_context=True)
+def flaky(context):
+    """Fails on its first attempt; the "retrying" backend allows two."""
+    if context.attempt < 2:
+        raise TaskBoom(f"attempt {context.attempt} fails")
+    return context.attempt
