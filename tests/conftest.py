@@ -19,6 +19,16 @@ from django.utils import timezone
 from django_delayq import clock
 from django_delayq.worker import Worker
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the browser tests last.
+
+    Playwright's sync API keeps an asyncio event loop running in the main
+    thread while its (session-wide) browser is open; any later test that goes
+    through ``async_to_sync`` would then refuse to run.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
