@@ -27,7 +27,8 @@ django6:
 chaos: ; .venv/bin/python -m tests.chaos.harness $(ARGS)
 
 # Side by side with the physical limit and the peers (benchmarks/bench.py):
-# about 40 minutes; `make bench ARGS=--quick` takes about 8.
+# 30-45 minutes (the 100,000-message memory runs of the slower peers take most
+# of it); `make bench ARGS=--quick` takes about 6 minutes.
 bench:
 	test -x .venv/bin/python || python3 -m venv .venv
 	.venv/bin/python -m pip install -q -e '.[bench,test]'

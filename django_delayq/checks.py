@@ -265,3 +265,51 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
                 )
             )
     return errors
+
+
+@register(Tags.models)
+def check_queue_models(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """Models registered with ``@handler(..., model=...)`` keep their claim index.
+
+    A model that declares its own ``Meta`` without inheriting
+    ``QueueFields.Meta`` loses the index, and every claim scans the table.
+    """
+    from django_delayq.operations import has_priority
+    from django_delayq.registry import registry
+
+    problems: list[Error | Warning] = []
+    for spec in registry.all():
+        model = spec.model
+        if model is None:
+            continue
+        indexed = any(
+            index.fields and index.fields[-1].lstrip("-") == "next_attempt_time"
+            for index in model._meta.indexes
+        )
+        by_priority = any(
+            list(index.fields) == ["-priority", "next_attempt_time"]
+            for index in model._meta.indexes
+        )
+        if indexed and not by_priority and has_priority(model):
+            problems.append(
+                Warning(
+                    f"{model._meta.label} (queue {spec.queue!r}) has a priority column but no "
+                    "index on (-priority, next_attempt_time): every claim sorts the due rows",
+                    hint="list django_delayq.entity.claim_index('<name>', priority=True) "
+                    "in Meta.indexes",
+                    obj=model,
+                    id="django_delayq.W061",
+                )
+            )
+        if not indexed:
+            problems.append(
+                Warning(
+                    f"{model._meta.label} (queue {spec.queue!r}) has no index ending with "
+                    "next_attempt_time: every claim would scan its table",
+                    hint="declare Meta as `class Meta(QueueFields.Meta):`, or add "
+                    "django_delayq.entity.claim_index('<name>') to Meta.indexes",
+                    obj=model,
+                    id="django_delayq.W060",
+                )
+            )
+    return problems

@@ -5,6 +5,14 @@ so a worker can claim and settle whole batches in a round trip, and each
 settling statement is a compare-and-set on ``(id, lock_token)`` with
 ``status = 'running'``: a worker whose lease expired, and whose message was
 claimed again by someone else, can no longer change it.
+
+Every function takes the table as ``model``: ``Message`` by default, or a
+model with the queue columns of ``entity.QueueFields`` (the row is the
+message). Such a model has no queue, kind or priority column unless it
+declares them, and none of the message's bookkeeping columns
+(``updated_at``, ``finished_at``, ``error_fingerprint``): each change
+below names every column a message gets, and :func:`_fit` keeps those the
+table has.
 """
 
 from __future__ import annotations
@@ -13,14 +21,26 @@ import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models import Case, DateTimeField, Expression, F, Q, QuerySet, Value, When
+from django.db.models import (
+    Case,
+    DateTimeField,
+    Expression,
+    F,
+    Model,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
 from django.db.models.functions import Greatest
 
 from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
-from django_delayq.models import Message
+from django_delayq.models import Message, due_condition
 
 # Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
 # instead of sorting every due row (adding "id" here forces that sort).
@@ -32,11 +52,28 @@ class Claim:
     """A batch of messages claimed together; they share one lock token."""
 
     token: uuid.UUID
-    messages: list[Message]
+    # Messages, or rows of the ``QueueFields`` model that was claimed.
+    messages: list[Any]
 
 
-def _db(using: str | None) -> str:
-    return using or router.db_for_write(Message)
+def _db(using: str | None, model: type[Model] = Message) -> str:
+    return using or router.db_for_write(model)
+
+
+@cache
+def _columns(model: type[Model]) -> frozenset[str]:
+    return frozenset(f.name for f in model._meta.concrete_fields)
+
+
+def _fit(model: type[Model], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` without the columns ``model`` does not have."""
+    columns = _columns(model)
+    return {name: value for name, value in changes.items() if name in columns}
+
+
+def claim_order(model: type[Model]) -> tuple[str, ...]:
+    """Highest priority first where the table has one, then by due time."""
+    return CLAIM_ORDER if "priority" in _columns(model) else ("next_attempt_time",)
 
 
 def _lease_expression(
@@ -64,18 +101,26 @@ def claim(
     lease: timedelta,
     leases: Mapping[tuple[str, str | None], timedelta] | None = None,
     using: str | None = None,
+    model: type[Model] = Message,
 ) -> Claim:
     """Claim up to ``limit`` due messages of ``queues``, highest priority first.
 
     Due means pending with ``next_attempt_time <= now``, or running with an
     expired lease (the redelivery of a crashed worker's message). Claimed
     rows become ``running`` with a fresh token, one more attempt, and a lease
-    of ``now + lease``.
+    of ``now + lease``. For a ``QueueFields`` model, ``queues`` and
+    ``leases`` are ignored (the model is the queue) and every row gets ``lease``.
     """
-    alias = _db(using)
+    alias = _db(using, model)
     now = clock.sql_now()
     token = uuid.uuid4()
-    due = Message.objects.using(alias).due(now).filter(queue__in=list(queues))
+    rows = model._base_manager.using(alias)
+    due = rows.filter(due_condition(now))
+    if "queue" in _columns(model):
+        due = due.filter(queue__in=list(queues))
+    else:
+        leases = None
+    order = claim_order(model)
     changes = {
         "status": Message.Status.RUNNING,
         "lock_token": token,
@@ -85,6 +130,7 @@ def claim(
         "next_attempt_time": _lease_expression(leases or {}, lease),
         "updated_at": now,
     }
+    changes = _fit(model, changes)
     connection = connections[alias]
     if connection.features.has_select_for_update_skip_locked:
         # PostgreSQL, MySQL 8, MariaDB 10.6: lock the rows we pick and skip
@@ -92,43 +138,48 @@ def claim(
         # other and never pick the same row.
         with transaction.atomic(using=alias):
             ids = list(
-                due.order_by(*CLAIM_ORDER)
+                due.order_by(*order)
                 .select_for_update(skip_locked=True)
-                .values_list("id", flat=True)[:limit]
+                .values_list("pk", flat=True)[:limit]
             )
             if not ids:
                 return Claim(token, [])
-            Message.objects.using(alias).filter(id__in=ids).update(**changes)
+            rows.filter(pk__in=ids).update(**changes)
     else:
         # SQLite has no row locks: one UPDATE picks and marks the rows, and
         # SQLite runs one write statement at a time, so two workers still
         # never claim the same row.
-        picked = due.order_by(*CLAIM_ORDER).values("id")[:limit]
-        if not Message.objects.using(alias).filter(id__in=picked).update(**changes):
+        picked = due.order_by(*order).values("pk")[:limit]
+        if not rows.filter(pk__in=picked).update(**changes):
             return Claim(token, [])
-    messages = list(
-        Message.objects.using(alias)
-        .filter(lock_token=token, status="running")
-        .order_by(*CLAIM_ORDER)
-    )
+    messages = list(rows.filter(lock_token=token, status="running").order_by(*order))
     return Claim(token, messages)
 
 
-def _held(ids: Iterable[int], token: uuid.UUID, using: str | None) -> QuerySet[Message]:
-    return Message.objects.using(_db(using)).filter(
-        id__in=list(ids), lock_token=token, status=Message.Status.RUNNING
+def _held(
+    ids: Iterable[Any], token: uuid.UUID, using: str | None, model: type[Model] = Message
+) -> QuerySet[Any]:
+    return model._base_manager.using(_db(using, model)).filter(
+        pk__in=list(ids), lock_token=token, status=Message.Status.RUNNING
     )
 
 
-def ack(ids: Iterable[int], token: uuid.UUID, *, using: str | None = None) -> int:
+def ack(
+    ids: Iterable[Any], token: uuid.UUID, *, using: str | None = None, model: type[Model] = Message
+) -> int:
     """Mark messages succeeded; returns how many were still ours."""
     now = clock.sql_now()
-    return _held(ids, token, using).update(
-        status=Message.Status.SUCCEEDED,
-        next_attempt_time=None,
-        lock_token=None,
-        finished_at=now,
-        updated_at=now,
+    return _held(ids, token, using, model).update(
+        **_fit(
+            model,
+            {
+                "status": Message.Status.SUCCEEDED,
+                "next_attempt_time": None,
+                "lock_token": None,
+                "finished_at": now,
+                "updated_at": now,
+            },
+        )
     )
 
 
@@ -171,6 +222,7 @@ def fail(
     retry_at: datetime | None,
     retry_in: timedelta | None = None,
     using: str | None = None,
+    model: type[Model] = Message,
 ) -> int:
     """Record a failed attempt: reschedule, or give up if both times are None.
 
@@ -193,7 +245,7 @@ def fail(
         changes.update(status=Message.Status.FAILED, next_attempt_time=None, finished_at=now)
     else:
         changes.update(status=Message.Status.PENDING, next_attempt_time=retry_at)
-    return _held([message_id], token, using).update(**changes)
+    return _held([message_id], token, using, model).update(**_fit(model, changes))
 
 
 def snooze(
@@ -203,23 +255,34 @@ def snooze(
     run_at: datetime | timedelta,
     max_attempts: int,
     using: str | None = None,
+    model: type[Model] = Message,
 ) -> int:
     """Reschedule without spending an attempt (``Retry``): raise the cap by one.
 
     ``run_at`` is an instant, or a delay measured on the database's clock.
     """
     when = clock.sql_now_plus(run_at) if isinstance(run_at, timedelta) else run_at
-    return _held([message_id], token, using).update(
-        status=Message.Status.PENDING,
-        next_attempt_time=when,
-        lock_token=None,
-        max_attempts=max_attempts,
-        updated_at=clock.sql_now(),
+    return _held([message_id], token, using, model).update(
+        **_fit(
+            model,
+            {
+                "status": Message.Status.PENDING,
+                "next_attempt_time": when,
+                "lock_token": None,
+                "max_attempts": max_attempts,
+                "updated_at": clock.sql_now(),
+            },
+        )
     )
 
 
 def release(
-    ids: Iterable[int], token: uuid.UUID, *, started: bool, using: str | None = None
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    *,
+    started: bool,
+    using: str | None = None,
+    model: type[Model] = Message,
 ) -> int:
     """Give messages back for immediate redelivery (shutdown).
 
@@ -234,15 +297,23 @@ def release(
     }
     if not started:
         changes["attempt_count"] = Greatest(F("attempt_count") - 1, Value(0))
-    return _held(ids, token, using).update(**changes)
+    return _held(ids, token, using, model).update(**_fit(model, changes))
 
 
 def extend(
-    ids: Iterable[int], token: uuid.UUID, lease: timedelta, *, using: str | None = None
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    lease: timedelta,
+    *,
+    using: str | None = None,
+    model: type[Model] = Message,
 ) -> int:
     """Push the lease of messages still held; returns how many were still ours."""
-    return _held(ids, token, using).update(
-        next_attempt_time=clock.sql_now_plus(lease), updated_at=clock.sql_now()
+    return _held(ids, token, using, model).update(
+        **_fit(
+            model,
+            {"next_attempt_time": clock.sql_now_plus(lease), "updated_at": clock.sql_now()},
+        )
     )
 
 

@@ -20,8 +20,11 @@ DEFAULTS: dict[str, Any] = {
     "LEASE": timedelta(seconds=60),
     # Longest idle sleep between two claims (LISTEN/NOTIFY wakes earlier).
     "POLL_INTERVAL": timedelta(seconds=5),
-    # Messages claimed per round trip.
-    "BATCH_SIZE": 10,
+    # Messages claimed per round trip. None: adaptive, sized to about 0.1 s of
+    # the queue's recent work (from one per handler slot for slow handlers
+    # up to 100 for fast ones); a worker also claims the next batch while
+    # the current one runs.
+    "BATCH_SIZE": None,
     # Handler threads per worker process.
     "CONCURRENCY": 1,
     # Attempts before a message is marked failed (handler option overrides).

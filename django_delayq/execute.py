@@ -138,7 +138,7 @@ def execute(
     recorded here, one statement each.
     """
     try:
-        spec: HandlerSpec | None = registry.lookup(message.queue, message.kind)
+        spec: HandlerSpec | None = registry.lookup_for(message)
     except HandlerNotFound as exc:
         # A worker that lacks the handler (an older deployment during a
         # rolling release, a typo in kind) must not lose the message: it is
@@ -156,7 +156,10 @@ def execute(
             "outcome (worker crash or lease expiry)"
         )
         if not _settle(
-            using, lambda: claim.fail(message.pk, token, error=error, retry_at=None, using=using)
+            using,
+            lambda: claim.fail(
+                message.pk, token, error=error, retry_at=None, using=using, model=type(message)
+            ),
         ):
             return _lease_lost(message)
         logger.error(
@@ -183,7 +186,7 @@ def execute(
         if spec.atomic:
             with transaction.atomic(using=using):
                 spec.func(message)
-                if not claim.ack([message.pk], token, using=using):
+                if not claim.ack([message.pk], token, using=using, model=type(message)):
                     raise _LeaseLost
         else:
             spec.func(message)
@@ -194,7 +197,14 @@ def execute(
         cap = _max_attempts(message, spec) + 1
         if not _settle(
             using,
-            lambda: claim.snooze(message.pk, token, run_at=delay, max_attempts=cap, using=using),
+            lambda: claim.snooze(
+                message.pk,
+                token,
+                run_at=delay,
+                max_attempts=cap,
+                using=using,
+                model=type(message),
+            ),
         ):
             return _lease_lost(message)
         logger.info(
@@ -218,7 +228,10 @@ def execute(
     except Discard as exc:
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
         if not _settle(
-            using, lambda: claim.fail(message.pk, token, error=error, retry_at=None, using=using)
+            using,
+            lambda: claim.fail(
+                message.pk, token, error=error, retry_at=None, using=using, model=type(message)
+            ),
         ):
             return _lease_lost(message)
         logger.info(
@@ -243,7 +256,9 @@ def execute(
     if not spec.atomic and acks is not None:
         acks.add(message, token, time.monotonic() - started)
         return Result.SUCCEEDED
-    if not spec.atomic and not _settle(using, lambda: claim.ack([message.pk], token, using=using)):
+    if not spec.atomic and not _settle(
+        using, lambda: claim.ack([message.pk], token, using=using, model=type(message))
+    ):
         return _lease_lost(message)
     record_success(message, time.monotonic() - started, using=using)
     return Result.SUCCEEDED
@@ -285,7 +300,7 @@ def record_time_limit(
     """
     spec: HandlerSpec | None
     try:
-        spec = registry.lookup(message.queue, message.kind)
+        spec = registry.lookup_for(message)
     except HandlerNotFound:
         spec = None
     exc = TimeLimitExceeded(f"the handler ran for more than {limit.total_seconds():g} s")
@@ -312,6 +327,7 @@ def _record_failure(
             retry_at=None,
             retry_in=retry_in,
             using=using,
+            model=type(message),
         ),
     ):
         return _lease_lost(message)

@@ -2,7 +2,8 @@
 reprioritise, delete.
 
 Each takes a ``Message`` queryset (any filter: a selection of ids, a search,
-a whole queue) and is set-based: one grouped ``COUNT`` that sorts the
+a whole queue), or a queryset of a model with ``entity.QueueFields`` (the
+rows are the messages), and is set-based: one grouped ``COUNT`` that sorts the
 selection into the categories below (for the report), then one ``UPDATE`` or
 ``DELETE`` whose ``WHERE`` repeats the eligibility condition. No row is ever
 loaded into Python, so "all 800,000 matching" costs two statements.
@@ -43,6 +44,8 @@ from django.db import connections, router, transaction
 from django.db.models import Count, F, Q, QuerySet
 
 from django_delayq import clock
+from django_delayq.claim import _fit
+from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
 from django_delayq.producer import check_priority, notify, resolve_run_at
 
@@ -170,18 +173,23 @@ def _apply(
     dry_run: bool,
     wake: datetime | None = None,
 ) -> OperationResult:
-    if queryset.model is not Message:
-        raise TypeError(f"expected a Message queryset, got one of {queryset.model.__name__}")
-    alias = cast(Any, queryset)._db or router.db_for_write(Message)
+    model = queryset.model
+    if not is_queue_model(model):
+        raise TypeError(
+            "expected a Message queryset or one of a model with QueueFields, "
+            f"got one of {model.__name__}"
+        )
+    alias = cast(Any, queryset)._db or router.db_for_write(model)
     queryset = queryset.using(alias).order_by()
     categories = _categories(now)
+    counters = {name: Count("pk", filter=q) for name, q in categories.items()}
     with transaction.atomic(using=alias):
-        grouped = (
-            queryset.values("queue")
-            .order_by("queue")
-            .annotate(**{name: Count("pk", filter=q) for name, q in categories.items()})
-        )
-        rows = cast(list[dict[str, Any]], list(grouped))
+        if model is Message:
+            grouped = queryset.values("queue").order_by("queue").annotate(**counters)
+            rows = cast(list[dict[str, Any]], list(grouped))
+        else:
+            # A model's rows are one queue, the one its handler consumes.
+            rows = [{"queue": queue_of(model), **queryset.aggregate(**counters)}]
         counts: Counter[str] = Counter()
         for row in rows:
             counts.update({name: row[name] for name in categories})
@@ -192,7 +200,9 @@ def _apply(
             eligible = reduce(operator.or_, (categories[name] for name in plan.eligible))
             changed = write(queryset.filter(eligible))
             if wake is not None and changed:
-                queues = [r["queue"] for r in rows if any(r[n] for n in plan.eligible)]
+                queues = [
+                    r["queue"] for r in rows if r["queue"] and any(r[n] for n in plan.eligible)
+                ]
                 for queue in queues[:MAX_NOTIFIED_QUEUES]:
                     notify(connections[alias], queue, wake)
 
@@ -218,7 +228,7 @@ def run_now(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationR
     now = clock.now()
 
     def write(qs: QuerySet[Message]) -> int:
-        return qs.update(next_attempt_time=now, updated_at=now)
+        return qs.update(**_fit(qs.model, {"next_attempt_time": now, "updated_at": now}))
 
     return _apply(queryset, _RUN_NOW, now, write, dry_run=dry_run, wake=now)
 
@@ -245,12 +255,17 @@ def retry_failed(
 
     def write(qs: QuerySet[Message]) -> int:
         return qs.update(
-            status=S.PENDING,
-            next_attempt_time=now,
-            max_attempts=F("attempt_count") + extra_attempts,
-            finished_at=None,
-            lock_token=None,
-            updated_at=now,
+            **_fit(
+                qs.model,
+                {
+                    "status": S.PENDING,
+                    "next_attempt_time": now,
+                    "max_attempts": F("attempt_count") + extra_attempts,
+                    "finished_at": None,
+                    "lock_token": None,
+                    "updated_at": now,
+                },
+            )
         )
 
     return _apply(queryset, _RETRY, now, write, dry_run=dry_run, wake=now)
@@ -266,11 +281,16 @@ def cancel(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationRe
 
     def write(qs: QuerySet[Message]) -> int:
         return qs.update(
-            status=S.CANCELLED,
-            next_attempt_time=None,
-            finished_at=now,
-            lock_token=None,
-            updated_at=now,
+            **_fit(
+                qs.model,
+                {
+                    "status": S.CANCELLED,
+                    "next_attempt_time": None,
+                    "finished_at": now,
+                    "lock_token": None,
+                    "updated_at": now,
+                },
+            )
         )
 
     return _apply(queryset, _WAITING, now, write, dry_run=dry_run)
@@ -293,7 +313,17 @@ def reschedule(
     when = resolve_run_at(run_at, delay, now)
 
     def write(qs: QuerySet[Message]) -> int:
-        return qs.update(status=S.PENDING, next_attempt_time=when, lock_token=None, updated_at=now)
+        return qs.update(
+            **_fit(
+                qs.model,
+                {
+                    "status": S.PENDING,
+                    "next_attempt_time": when,
+                    "lock_token": None,
+                    "updated_at": now,
+                },
+            )
+        )
 
     return _apply(queryset, _WAITING, now, write, dry_run=dry_run, wake=when)
 
@@ -301,12 +331,17 @@ def reschedule(
 def reprioritise(
     queryset: QuerySet[Message], priority: int, *, dry_run: bool = False
 ) -> OperationResult:
-    """Set the priority (higher runs first) of messages that may still run."""
+    """Set the priority (higher runs first) of messages that may still run.
+
+    A ``QueueFields`` model needs a ``priority`` column of its own.
+    """
     check_priority(priority)
+    if not has_priority(queryset.model):
+        raise TypeError(f"{queryset.model.__name__} has no priority column to change")
     now = clock.now()
 
     def write(qs: QuerySet[Message]) -> int:
-        return qs.update(priority=priority, updated_at=now)
+        return qs.update(**_fit(qs.model, {"priority": priority, "updated_at": now}))
 
     return _apply(queryset, _REPRIORITISE, now, write, dry_run=dry_run)
 
@@ -317,9 +352,14 @@ def delete(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationRe
 
     def write(qs: QuerySet[Message]) -> int:
         _, per_model = qs.delete()
-        return per_model.get(Message._meta.label, 0)
+        return per_model.get(qs.model._meta.label, 0)
 
     return _apply(queryset, _DELETE, now, write, dry_run=dry_run)
+
+
+def has_priority(model: type[Any]) -> bool:
+    """True if ``model``'s rows have a priority (messages do; a ``QueueFields`` model may)."""
+    return any(f.name == "priority" for f in model._meta.concrete_fields)
 
 
 # -- one message -----------------------------------------------------------------

@@ -221,6 +221,28 @@ def enqueue_many(
     alias = using or router.db_for_write(Message)
     connection = connections[alias]
     outcomes: dict[str, tuple[Outcome, Message]] = {}
+    wake = _notify_body(connection, queue, due)
+    if (
+        on_conflict == "ignore"
+        and wake is not None
+        and len(first_index) <= FAST_CHUNK_SIZE
+        and not connection.in_atomic_block
+        and not signals.message_enqueued.receivers
+    ):
+        # One statement does it all (insert, NOTIFY): in autocommit it is its
+        # own transaction, one round trip instead of BEGIN, INSERT, NOTIFY,
+        # COMMIT. Only the read of ignored duplicates may follow, and it writes
+        # nothing.
+        keys_in_order = sorted(first_index)
+        outcomes = _insert_new(
+            connection,
+            template,
+            keys_in_order,
+            [encoded[first_index[k]] for k in keys_in_order],
+            [payloads[first_index[k]] for k in keys_in_order],
+            wake=wake,
+        )
+        return _results(key_list, first_index, outcomes, on_conflict)
     with transaction.atomic(using=alias, savepoint=on_conflict == "error"):
         if connection.vendor == "mysql":
             # No RETURNING: JSON_TABLE inserts, exact outcomes (mysql.write).
@@ -249,8 +271,12 @@ def enqueue_many(
                         chunk,
                         [encoded[first_index[k]] for k in chunk],
                         [payloads[first_index[k]] for k in chunk],
+                        # The NOTIFY rides on the insert: one round trip less.
+                        wake=wake if on_conflict == "ignore" else None,
                     )
                 )
+            if on_conflict == "ignore":
+                wake = None
         else:
             rows = [_row(template, k, payloads[i]) for k, i in first_index.items()]
             for start in range(0, len(rows), CHUNK_SIZE):
@@ -260,7 +286,7 @@ def enqueue_many(
             clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
             if clashes:
                 raise DuplicateMessage(queue, clashes)
-        if any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
+        if wake is not None and any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
             notify(connection, queue, due)
         if signals.message_enqueued.receivers:
             # On commit of the caller's transaction: a message rolled back
@@ -268,6 +294,16 @@ def enqueue_many(
             changed = [(o, m) for o, m in outcomes.values() if o is not Outcome.IGNORED]
             transaction.on_commit(partial(_announce, changed, alias), using=alias)
 
+    return _results(key_list, first_index, outcomes, on_conflict)
+
+
+def _results(
+    key_list: list[str],
+    first_index: dict[str, int],
+    outcomes: dict[str, tuple[Outcome, Message]],
+    on_conflict: OnConflict,
+) -> list[EnqueueResult]:
+    """One result per requested key, in order; a key repeated in the call is a conflict."""
     results: list[EnqueueResult] = []
     for i, k in enumerate(key_list):
         outcome, message = outcomes[k]
@@ -396,6 +432,7 @@ def _insert_new(
     keys: list[str],
     encoded: list[str],
     payloads: list[Any],
+    wake: str | None = None,
 ) -> dict[str, tuple[Outcome, Message]]:
     """Insert the keys that are new, in one statement; existing keys are IGNORED.
 
@@ -404,6 +441,9 @@ def _insert_new(
     (SQLite ``json_each``) and every other column is a single parameter: the
     statement stays small whatever the batch size, and neither Django nor the
     driver has to handle thousands of placeholders.
+
+    With ``wake`` (PostgreSQL), the same statement sends the NOTIFY when it
+    created at least one row.
     """
     qn = connection.ops.quote_name
     table = qn(Message._meta.db_table)
@@ -433,6 +473,15 @@ def _insert_new(
         f"{'' if postgres else 'WHERE true '}"
         f"ON CONFLICT ({qn('queue')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}, {qn('key')}"
     )
+    if wake is not None and postgres:
+        # pg_notify is evaluated once (a materialised CTE), only if a row was
+        # created; like any NOTIFY it is delivered when the transaction commits.
+        sql = (
+            f"WITH ins AS ({sql}), "
+            "wake AS MATERIALIZED (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins)) "
+            "SELECT ins.* FROM ins LEFT JOIN wake ON true"
+        )
+        params.extend([NOTIFY_CHANNEL, wake])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         created = dict((key, pk) for pk, key in cursor.fetchall())
@@ -645,14 +694,21 @@ def _apply_update(current: Message, row: Message) -> None:
 # -- wake-up ------------------------------------------------------------------
 
 
-def notify(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> None:
-    """Wake idle workers on PostgreSQL; sent on commit, dropped on rollback.
+def _notify_body(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> str | None:
+    """The NOTIFY payload for a wake-up, or None where there is no NOTIFY.
 
-    The payload carries the due time so that a worker sleeping until a later
-    message shortens its sleep for a sooner one.
+    It carries the due time so that a worker sleeping until a later message
+    shortens its sleep for a sooner one.
     """
     if connection.vendor != "postgresql" or not get_config()["NOTIFY"]:
+        return None
+    return json.dumps({"queue": queue, "due": due.timestamp()})
+
+
+def notify(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> None:
+    """Wake idle workers on PostgreSQL; sent on commit, dropped on rollback."""
+    body = _notify_body(connection, queue, due)
+    if body is None:
         return
-    body = json.dumps({"queue": queue, "due": due.timestamp()})
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, body])

@@ -22,9 +22,10 @@ from django_delayq.models import KIND_MAX_LENGTH, QUEUE_MAX_LENGTH
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
 
 if TYPE_CHECKING:
-    from django_delayq.models import Message
+    from django.db.models import Model
 
-HandlerFunc = Callable[["Message"], Any]
+# Called with the claimed ``Message``, or with the row of a ``QueueFields`` model.
+HandlerFunc = Callable[[Any], Any]
 F = TypeVar("F", bound=HandlerFunc)
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
@@ -66,6 +67,9 @@ class HandlerSpec:
     atomic: bool = False
     concurrency: int | None = None
     time_limit: timedelta | None = None
+    # Set for a model with ``QueueFields``: the rows of that model are this
+    # queue's messages (``entity.py``), and the queue has no other handler.
+    model: type[Model] | None = None
 
     @property
     def name(self) -> str:
@@ -99,10 +103,12 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._handlers: dict[tuple[str, str | None], HandlerSpec] = {}
+        self._models: dict[type[Model], HandlerSpec] = {}
 
     def register(self, spec: HandlerSpec) -> None:
         key = (spec.queue, spec.kind)
         with self._lock:
+            self._check_model_queue(spec)
             existing = self._handlers.get(key)
             # Re-registering the same function (a module imported twice, the
             # autoreloader) is harmless; two different functions are a bug.
@@ -112,10 +118,52 @@ class Registry:
                     f"two handlers for {what}: {existing.name} and {spec.name}"
                 )
             self._handlers[key] = spec
+            if spec.model is not None:
+                self._models[spec.model] = spec
+
+    def _check_model_queue(self, spec: HandlerSpec) -> None:
+        """A model's queue is the model's alone; a model has one queue."""
+        others = [s for (q, _), s in self._handlers.items() if q == spec.queue]
+        for other in others:
+            if other.name != spec.name and (spec.model is not None or other.model is not None):
+                owner = spec.model or other.model
+                assert owner is not None
+                raise ImproperlyConfigured(
+                    f"queue {spec.queue!r} holds the rows of {owner._meta.label}; it cannot "
+                    f"have another handler ({other.name} and {spec.name})"
+                )
+        if spec.model is not None:
+            existing = self._models.get(spec.model)
+            if existing is not None and (existing.queue, existing.name) != (
+                spec.queue,
+                spec.name,
+            ):
+                raise ImproperlyConfigured(
+                    f"two handlers for {spec.model._meta.label}: {existing.name} "
+                    f"(queue {existing.queue!r}) and {spec.name} (queue {spec.queue!r})"
+                )
 
     def unregister(self, queue: str, kind: str | None = None) -> None:
         with self._lock:
-            self._handlers.pop((queue, kind), None)
+            spec = self._handlers.pop((queue, kind), None)
+            if spec is not None and spec.model is not None:
+                self._models.pop(spec.model, None)
+
+    def for_model(self, model: type[Model]) -> HandlerSpec | None:
+        """The handler registered for a ``QueueFields`` model, or None."""
+        return self._models.get(model)
+
+    def lookup_for(self, row: Model) -> HandlerSpec:
+        """The handler of a claimed row: a message's by queue and kind, an entity's by model."""
+        model = type(row)
+        if model._meta.proxy:
+            model = model._meta.concrete_model  # type: ignore[assignment]
+        if model._meta.label_lower == "django_delayq.message":
+            return self.lookup(row.queue, row.kind)  # type: ignore[attr-defined]
+        spec = self._models.get(type(row)) or self._models.get(model)
+        if spec is None:
+            raise HandlerNotFound(f"no handler for {model._meta.label}")
+        return spec
 
     def lookup(self, queue: str, kind: str) -> HandlerSpec:
         """The handler for this kind in this queue, else the queue's catch-all."""
@@ -149,6 +197,7 @@ def handler(
     atomic: bool = False,
     concurrency: int | None = None,
     time_limit: timedelta | int | float | None = None,
+    model: type[Model] | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the consumer of ``queue``.
 
@@ -164,6 +213,11 @@ def handler(
     the handler runs on until it returns, but its outcome is discarded: the
     failure replaced the message's lock token, and every later write under
     the old token (the late acknowledgement included) matches nothing.
+
+    ``model`` (a model that inherits ``django_delayq.entity.QueueFields``)
+    makes the handler consume that model's due rows instead of messages: it
+    is called with the row, and ``queue`` names them for ``run_delayq
+    --queue``, pausing and the admin (see ``entity.py``).
 
     Options are validated here, at import time, so a typo fails start-up
     instead of the first message.
@@ -184,6 +238,15 @@ def handler(
     if time_limit_td is not None and time_limit_td <= timedelta(0):
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
     policy = resolve_policy(retry) if retry is not None else None
+    if model is not None:
+        from django_delayq.entity import QueueFields
+
+        if not (isinstance(model, type) and issubclass(model, QueueFields)):
+            raise TypeError(f"model must be a model class that inherits QueueFields, got {model!r}")
+        if model._meta.abstract:
+            raise TypeError(f"model {model.__name__} is abstract; pass a concrete model")
+        if kind is not None:
+            raise ValueError("a model's handler takes no kind: the model is the kind")
 
     def decorate(func: F) -> F:
         if not callable(func):
@@ -199,6 +262,7 @@ def handler(
                 atomic=bool(atomic),
                 concurrency=concurrency,
                 time_limit=time_limit_td,
+                model=model,
             )
         )
         return func

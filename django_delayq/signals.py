@@ -1,7 +1,8 @@
 """Django signals for the life of a message.
 
 Every signal is sent with ``sender=Message`` (the model class, as Django's
-model signals do) and keyword arguments; receivers should accept
+model signals do; for the rows of a ``QueueFields`` model, ``sender`` is that
+model and ``message`` is the row) and keyword arguments; receivers should accept
 ``**kwargs`` so that later arguments do not break them.
 
 * ``message_enqueued(message, outcome, using)``: a message was created or
@@ -68,7 +69,9 @@ def send(signal: Signal, **kwargs: Any) -> None:
         return
     from django_delayq.models import Message
 
-    for receiver, response in signal.send_robust(Message, **kwargs):
+    row = kwargs.get("message")
+    sender = Message if row is None else type(row)
+    for receiver, response in signal.send_robust(sender, **kwargs):
         if isinstance(response, Exception):
             logger.error(
                 "signal receiver %r raised",

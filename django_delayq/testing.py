@@ -123,11 +123,14 @@ def run_pending(
     later does not (move the clock, then call again). Paused queues are
     skipped, as a worker skips them. Returns the attempts in the order they
     ran. More than ``limit`` attempts raises ``RuntimeError`` (a handler
-    that keeps re-enqueueing due work would otherwise never end).
+    that keeps re-enqueueing due work would otherwise never end). The due
+    rows of a ``QueueFields`` model run too (after the due messages), for
+    its queue: ``Attempt.message`` is then the row.
     """
     from django_delayq import claim
     from django_delayq.execute import Result, execute
     from django_delayq.queues import paused_queues
+    from django_delayq.registry import registry
     from django_delayq.worker import resolve_queues
 
     queues = resolve_queues(_queues(queue))
@@ -135,8 +138,11 @@ def run_pending(
     lease = to_timedelta(get_config()["LEASE"])
     paused = paused_queues(queues, using=alias)
     active = [q for q in queues if q not in paused]
+    # Queues whose messages are the rows of a QueueFields model.
+    row_specs = [s for q in active for s in registry.for_queue(q) if s.model is not None]
+    message_queues = [q for q in active if q not in {s.queue for s in row_specs}]
     attempts: list[Attempt] = []
-    raised: dict[int, BaseException] = {}
+    raised: dict[tuple[type, Any], BaseException] = {}
 
     def capture(
         sender: Any,
@@ -145,7 +151,9 @@ def run_pending(
         reason: str = "",
         **kwargs: Any,
     ) -> None:
-        raised[message.pk] = exception if exception is not None else Discard(reason)
+        raised[(type(message), message.pk)] = (
+            exception if exception is not None else Discard(reason)
+        )
 
     outcome_signals = (signals.message_retried, signals.message_failed, signals.message_discarded)
     for signal in outcome_signals:
@@ -159,13 +167,24 @@ def run_pending(
                         "do handlers keep enqueueing due messages? (raise limit= if not)"
                     )
                 break
-            batch = claim.claim(active, 1, worker=WORKER_NAME, lease=lease, using=alias)
+            batch = claim.claim(message_queues, 1, worker=WORKER_NAME, lease=lease, using=alias)
+            for spec in row_specs:
+                if batch.messages:
+                    break
+                batch = claim.claim(
+                    [spec.queue],
+                    1,
+                    worker=WORKER_NAME,
+                    lease=spec.effective_lease(),
+                    using=alias,
+                    model=spec.model or Message,
+                )
             if not batch.messages:
                 break
             message = batch.messages[0]
             result = execute(message, batch.token, using=alias)
             message.refresh_from_db(using=alias)
-            exception = raised.pop(message.pk, None)
+            exception = raised.pop((type(message), message.pk), None)
             attempts.append(Attempt(message, str(Result(result)), exception))
     finally:
         for signal in outcome_signals:

@@ -23,7 +23,7 @@ from types import FrameType
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries, router
-from django.db.models import Min
+from django.db.models import Min, Model
 
 from django_delayq import claim, clock, liveness, retention, scheduling
 from django_delayq.acks import AckBuffer
@@ -31,7 +31,7 @@ from django_delayq.conf import get_config, to_timedelta
 from django_delayq.execute import execute, record_time_limit
 from django_delayq.logs import message_fields
 from django_delayq.metrics import WorkerMetrics
-from django_delayq.models import Message
+from django_delayq.models import Message, active_condition
 from django_delayq.queues import paused_queues
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.wakeup import Waker
@@ -42,6 +42,13 @@ logger = logging.getLogger("django_delayq.worker")
 # being claimed by another worker right now): avoids a busy loop.
 MIN_IDLE_SLEEP = 0.01
 
+# Adaptive claims (DELAYQ["BATCH_SIZE"] = None): the first claim of a lane
+# asks for ADAPTIVE_FIRST_BATCH (at least one per slot); later ones for about
+# CLAIM_WINDOW seconds of the lane's measured work, at most ADAPTIVE_MAX_BATCH.
+ADAPTIVE_FIRST_BATCH = 10
+ADAPTIVE_MAX_BATCH = 100
+CLAIM_WINDOW = 0.1
+
 # An executor whose connection sat unused this long, or that missed a
 # connection failure seen by another thread, checks it before the next
 # handler runs, so a handler is not blamed (and retried) for a connection
@@ -51,13 +58,21 @@ IDLE_RECHECK = 5.0
 
 @dataclass
 class Lane:
-    """Queues that share a cap on concurrently running messages."""
+    """Queues that share a cap on concurrently running messages.
+
+    A ``QueueFields`` model's queue is a lane of its own, claimed from that
+    model's table (``model``); every other lane claims messages.
+    """
 
     queues: list[str]
     cap: int
     buffer: deque[tuple[Message, uuid.UUID]] = field(default_factory=deque)
     running: int = 0
     held: int = 0
+    # Moving average of a message's wall time in this lane (handler plus
+    # outcome), which sizes adaptive claims.
+    seconds_per_message: float | None = None
+    model: type[Model] = Message
 
 
 @dataclass
@@ -114,7 +129,11 @@ class Worker:
         config = get_config()
         self.queues = resolve_queues(queues)
         self.concurrency = int(concurrency or config["CONCURRENCY"])
-        self.batch_size = int(batch_size or config["BATCH_SIZE"] or self.concurrency)
+        configured = batch_size or config["BATCH_SIZE"]
+        # No BATCH_SIZE: each claim is sized to about CLAIM_WINDOW of the
+        # lane's recent work, between its handler slots and ADAPTIVE_MAX_BATCH.
+        self.adaptive = configured is None
+        self.batch_size = int(configured or ADAPTIVE_MAX_BATCH)
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be positive")
         self.burst = burst
@@ -169,9 +188,14 @@ class Worker:
                     cap = min(cap or spec.concurrency, spec.concurrency)
             if cap:
                 caps[queue] = min(int(cap), self.concurrency)
-        shared = [q for q in self.queues if q not in caps]
+        models = {s.queue: s.model for s in specs if s.model is not None}
+        shared = [q for q in self.queues if q not in caps and q not in models]
         lanes = [Lane(shared, self.concurrency)] if shared else []
-        lanes += [Lane([q], cap) for q, cap in caps.items()]
+        lanes += [
+            Lane([q], caps.get(q, self.concurrency), model=models.get(q, Message))
+            for q in self.queues
+            if q in caps or q in models
+        ]
         return lanes
 
     # -- control --------------------------------------------------------------
@@ -278,6 +302,20 @@ class Worker:
                 self.metrics.stop()
         return self.stats
 
+    def _batch_for(self, lane: Lane) -> int:
+        """How many messages the next claim of ``lane`` asks for.
+
+        Fast handlers get large claims (few round trips per message); slow
+        ones get about one per slot, so a worker does not sit on messages
+        that other, idle workers could run.
+        """
+        if not self.adaptive:
+            return self.batch_size
+        if lane.seconds_per_message is None:
+            return min(self.batch_size, max(lane.cap, ADAPTIVE_FIRST_BATCH))
+        fits = int(lane.cap * CLAIM_WINDOW / max(lane.seconds_per_message, 1e-6))
+        return max(lane.cap, min(self.batch_size, fits))
+
     def _ack_lost(self, message: Message) -> None:
         """A batched acknowledgement found the message claimed again."""
         with self._cond:
@@ -303,35 +341,45 @@ class Worker:
                 # runs, so handler slots never wait for a claim's round trip.
                 # A lane holds at most its slots plus two batches; what is
                 # still waiting at shutdown is released with its attempt back.
-                if self._stopping or len(lane.buffer) >= self.batch_size:
+                batch = self._batch_for(lane)
+                if self._stopping or len(lane.buffer) >= batch:
                     continue
-                capacity = lane.cap + 2 * self.batch_size
-                limit = min(self.batch_size, capacity - lane.held)
+                capacity = lane.cap + 2 * batch
+                limit = min(batch, capacity - lane.held)
             if limit <= 0:
                 continue
             result = claim.claim(
                 queues,
                 limit,
                 worker=self.name,
-                lease=self.default_lease,
+                lease=self.default_lease
+                if lane.model is Message
+                else self.leases.get((queues[0], None), self.default_lease),
                 leases=self.leases,
                 using=self.using,
+                model=lane.model,
             )
             if not result.messages:
                 continue
             total += len(result.messages)
             with self._cond:
                 for message in result.messages:
-                    lease = self.leases.get((message.queue, message.kind)) or self.leases.get(
-                        (message.queue, None), self.default_lease
+                    # A model's rows are its queue's, whatever columns it has.
+                    queue, kind = (
+                        (message.queue, message.kind)
+                        if lane.model is Message
+                        else (queues[0], None)
+                    )
+                    lease = self.leases.get((queue, kind)) or self.leases.get(
+                        (queue, None), self.default_lease
                     )
                     self._held[(message.pk, result.token)] = Held(
                         result.token,
                         lease,
                         lane,
                         message=message,
-                        time_limit=self.time_limits.get((message.queue, message.kind))
-                        or self.time_limits.get((message.queue, None)),
+                        time_limit=self.time_limits.get((queue, kind))
+                        or self.time_limits.get((queue, None)),
                     )
                     lane.buffer.append((message, result.token))
                     lane.held += 1
@@ -348,6 +396,16 @@ class Worker:
                 .filter(queue__in=[q for q in self.queues if q not in self._paused])
                 .aggregate(t=Min("next_attempt_time"))["t"]
             )
+            for lane in self.lanes:
+                if lane.model is Message or lane.queues[0] in self._paused:
+                    continue
+                due = (
+                    lane.model._base_manager.using(self.using)
+                    .filter(active_condition())
+                    .aggregate(t=Min("next_attempt_time"))["t"]
+                )
+                if due is not None and (next_due is None or due < next_due):
+                    next_due = due
             hint = self._waker.hint
             if hint is not None and (next_due is None or hint < next_due):
                 next_due = hint
@@ -408,6 +466,10 @@ class Worker:
                         return
                     lane.running -= 1
                     lane.held -= 1
+                    previous = lane.seconds_per_message
+                    lane.seconds_per_message = (
+                        elapsed if previous is None else 0.9 * previous + 0.1 * elapsed
+                    )
                     self.stats[result] += 1
                     self._cond.notify_all()
                 if self.metrics is not None:
@@ -426,7 +488,10 @@ class Worker:
         drop_broken_connections()
         self._recheck_connection()
         try:
-            return execute(message, token, using=self.using, acks=self._acks)
+            # Batched acknowledgements are for messages; a model's rows are
+            # acknowledged one statement each.
+            acks = self._acks if isinstance(message, Message) else None
+            return execute(message, token, using=self.using, acks=acks)
         except Exception:
             # The outcome could not be recorded (the database went away): the
             # message keeps its lease and is redelivered when it expires.
@@ -547,12 +612,12 @@ class Worker:
             )
 
     def _extend_leases(self) -> None:
-        groups: dict[tuple[uuid.UUID, timedelta], list[int]] = defaultdict(list)
+        groups: dict[tuple[uuid.UUID, timedelta, type[Model]], list[int]] = defaultdict(list)
         with self._cond:
             for (pk, _), held in self._held.items():
-                groups[(held.token, held.lease)].append(pk)
-        for (token, lease), ids in groups.items():
-            kept = claim.extend(ids, token, lease, using=self.using)
+                groups[(held.token, held.lease, held.lane.model)].append(pk)
+        for (token, lease, model), ids in groups.items():
+            kept = claim.extend(ids, token, lease, using=self.using, model=model)
             if kept == len(ids):
                 continue
             # Messages settled while we were extending are not losses.
@@ -601,13 +666,15 @@ class Worker:
     # -- shutdown -------------------------------------------------------------
 
     def _release(self, items: list[tuple[int, Held]], started: bool) -> int:
-        groups: dict[uuid.UUID, list[int]] = defaultdict(list)
+        groups: dict[tuple[uuid.UUID, type[Model]], list[int]] = defaultdict(list)
         for pk, held in items:
-            groups[held.token].append(pk)
+            groups[(held.token, held.lane.model)].append(pk)
         released = 0
-        for token, ids in groups.items():
+        for (token, model), ids in groups.items():
             try:
-                released += claim.release(ids, token, started=started, using=self.using)
+                released += claim.release(
+                    ids, token, started=started, using=self.using, model=model
+                )
             except DatabaseError:
                 logger.warning(
                     "could not release %d message(s); they wait for their lease",

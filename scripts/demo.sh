@@ -8,8 +8,10 @@
 # has succeeded or failed (the heartbeat schedule's future ticks aside), a
 # SIGTERM for a graceful shutdown, and a summary:
 # delayed messages started no earlier than their due time, the atomic order
-# handler confirmed every order, and the email to broken@fail.example was
-# retried and then marked failed. Exits non-zero if the worker did not stop
+# handler confirmed every order, the email to broken@fail.example was
+# retried and then marked failed, and the shipments (rows of a QueueFields
+# model, booked by their own handler) were booked except the undeliverable
+# one, which was retried and then marked failed. Exits non-zero if the worker did not stop
 # cleanly or the queue did not drain in time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,10 +70,11 @@ import sys
 from django.db.models import Q
 from django_delayq import clock
 from django_delayq.models import Message
+from orders.models import Shipment
 waiting = Message.objects.active().exclude(
     Q(key__startswith="cron:") & Q(status="pending", next_attempt_time__gt=clock.now())
 )
-sys.exit(1 if waiting.exists() else 0)
+sys.exit(1 if waiting.exists() or Shipment.objects.active().exists() else 0)
 '
 started=$SECONDS
 drained=0
@@ -108,7 +111,7 @@ SUMMARY_PY='
 import sys
 from django_delayq.backends import TASK_KIND
 from django_delayq.models import Message
-from orders.models import Order
+from orders.models import Order, Shipment
 from orders.tasks import send_receipt
 
 def secs(start, end):
@@ -160,6 +163,20 @@ for m in Message.objects.filter(kind=TASK_KIND).order_by("pk"):
     if r.status != "SUCCESSFUL":
         unfinished_tasks.append(r.id)
 
+print()
+print("Shipments (rows of a QueueFields model, booked by their own handler):")
+for s in Shipment.objects.all():
+    print(
+        f"  #{s.pk:<3} order #{s.order_id:<3} {s.address:<16} {s.status:<9} "
+        f"tries {s.attempt_count}  {s.tracking_number or s.error_summary()}"
+    )
+undeliverable = Shipment.objects.filter(address__startswith="Nowhere")
+bad_shipments = Shipment.objects.exclude(pk__in=undeliverable.values("pk")).exclude(
+    status="succeeded", tracking_number__startswith="TRK-"
+)
+bad_shipments = list(bad_shipments.values_list("pk", flat=True))
+bad_shipments += list(undeliverable.exclude(status="failed").values_list("pk", flat=True))
+
 counts = {s: shown.filter(status=s).count() for s in Message.Status.values}
 print()
 print("Totals: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
@@ -170,6 +187,8 @@ if Order.objects.exclude(status=Order.Status.CONFIRMED).exists():
     problems.append("some orders are not confirmed")
 if unfinished_tasks:
     problems.append(f"tasks that did not succeed: {unfinished_tasks}")
+if bad_shipments:
+    problems.append(f"shipments that did not end as expected: {bad_shipments}")
 if counts["pending"] or counts["running"]:
     problems.append("some messages are still pending or running")
 for p in problems:

@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
 
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -12,6 +12,9 @@
     error fingerprint, and the cron schedules page.
 ``workers.py``
     ``WorkerStateAdmin``: the workers and their heartbeats (read-only).
+``entity.py``
+    ``QueueAdminMixin``: the same filters and actions on the changelist of
+    your own model with ``QueueFields``.
 
 Other admin modules add their pages under the message changelist's URL by
 appending to ``EXTRA_URLS`` (or calling ``register_view``) when imported;
@@ -28,7 +31,8 @@ from django_delayq.admin.messages import (
     register_view,
 )
 
-__all__ = ["EXTRA_URLS", "OBJECT_TOOLS", "MessageAdmin", "register_view"]
+__all__ = ["EXTRA_URLS", "OBJECT_TOOLS", "MessageAdmin", "QueueAdminMixin", "register_view"]
 
 # Extra admin pages: import the modules that register them here.
 from django_delayq.admin import dashboard, schedules, triage, workers  # noqa: E402, F401
+from django_delayq.admin.entity import QueueAdminMixin  # noqa: E402

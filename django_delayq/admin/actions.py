@@ -296,7 +296,9 @@ def run_operation(
             return None
 
     preview = spec.function(queryset, dry_run=True, **spec.preview_kwargs)
-    sample = list(queryset.defer("payload", "last_traceback")[:SAMPLE_SIZE])
+    columns = {f.name for f in queryset.model._meta.concrete_fields}
+    bulky = [name for name in ("payload", "last_traceback") if name in columns]
+    sample = list(queryset.defer(*bulky)[:SAMPLE_SIZE])
     opts = modeladmin.model._meta
     select_across = forms.BooleanField(required=False).to_python(request.POST.get("select_across"))
     context = {

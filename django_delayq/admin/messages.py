@@ -43,7 +43,7 @@ from django_delayq import clock, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.execute import _max_attempts
-from django_delayq.models import Message, MessageQuerySet
+from django_delayq.models import Message, due_condition, retrying_condition
 from django_delayq.payload import check_payload
 from django_delayq.registry import registry
 
@@ -265,7 +265,10 @@ class KindFilter(ColumnFilter):
 
 
 class RetryingFilter(admin.SimpleListFilter):
-    """Pending again after a failed attempt (``MessageQuerySet.retrying``)."""
+    """Pending again after a failed attempt (``QueueQuerySet.retrying``).
+
+    Messages, or the rows of a ``QueueFields`` model (``QueueAdminMixin``).
+    """
 
     title = gettext_lazy("retrying")
     parameter_name = "retrying"
@@ -275,14 +278,15 @@ class RetryingFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
         if self.value() == "yes":
-            return cast(MessageQuerySet, queryset).retrying()
+            return queryset.filter(retrying_condition())
         return queryset
 
 
 class OverdueFilter(admin.SimpleListFilter):
     """Due, and not picked up by a worker for longer than a threshold.
 
-    Served by the partial indexes on the active statuses (``delayq_due_idx``).
+    Served by the partial indexes on the active statuses (``delayq_due_idx``,
+    or a ``QueueFields`` model's claim index).
     """
 
     title = gettext_lazy("overdue")
@@ -303,7 +307,7 @@ class OverdueFilter(admin.SimpleListFilter):
         except ValueError as exc:
             raise IncorrectLookupParameters(exc) from exc
         cutoff = clock.now() - timedelta(seconds=seconds)
-        return cast(MessageQuerySet, queryset).due(cutoff)
+        return queryset.filter(due_condition(cutoff))
 
 
 class RedeliveredFilter(admin.SimpleListFilter):

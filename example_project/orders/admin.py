@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from orders.models import Order
+from django_delayq.admin import QueueAdminMixin
+from orders.models import Order, Shipment
 
 
 @admin.register(Order)
@@ -9,3 +10,13 @@ class OrderAdmin(admin.ModelAdmin):
     list_filter = ("status",)
     search_fields = ("customer_email",)
     date_hierarchy = "created_at"
+
+
+@admin.register(Shipment)
+class ShipmentAdmin(QueueAdminMixin, admin.ModelAdmin):
+    """The shipments' own changelist, with the queue's filters (status, retrying,
+    overdue) and actions (run now, retry, cancel, reschedule) from the mixin."""
+
+    list_display = ("id", "order", "address", "tracking_number")
+    search_fields = ("address", "tracking_number")
+    list_select_related = ("order",)

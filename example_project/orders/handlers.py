@@ -10,7 +10,7 @@ import logging
 
 from django_delayq import Discard, handler, tick_of
 from django_delayq.models import Message
-from orders.models import Order
+from orders.models import Order, Shipment
 
 logger = logging.getLogger("orders")
 
@@ -80,4 +80,30 @@ def heartbeat(message: Message) -> None:
         message.payload["check"],
         tick.late_by.total_seconds(),
         backlog,
+    )
+
+
+class CarrierError(Exception):
+    """What a real carrier's API raises when it refuses a booking."""
+
+
+@handler("shipments", model=Shipment, atomic=True)
+def book_shipment(shipment: Shipment) -> None:
+    """Book a parcel with the carrier (here: make up a tracking number).
+
+    Registered for the ``Shipment`` model: the worker claims due shipment
+    rows themselves and passes each row in. ``atomic=True``: the tracking
+    number and the row's ``succeeded`` commit together. Save only your own
+    columns (``update_fields``): the queue columns are the worker's.
+    """
+    if "nowhere" in shipment.address.lower():
+        raise CarrierError(f"address not deliverable: {shipment.address!r}")
+    shipment.tracking_number = f"TRK-{shipment.order_id:04d}-{shipment.pk:04d}"
+    shipment.save(update_fields=["tracking_number"])
+    logger.info(
+        "shipment #%s of order #%s booked: %s (attempt %s)",
+        shipment.pk,
+        shipment.order_id,
+        shipment.tracking_number,
+        shipment.attempt_count,
     )

@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 
 from django_delayq import enqueue
-from orders.handlers import MailServerError
-from orders.models import Order
+from orders.handlers import CarrierError, MailServerError
+from orders.models import Order, Shipment
 from orders.services import place_order
 
 pytestmark = pytest.mark.django_db
@@ -69,3 +69,22 @@ def test_a_refused_email_is_retried_with_backoff_then_failed(delayq):
     assert all(isinstance(a.exception, MailServerError) for a in attempts)
     assert attempts[-1].message.key == f"follow-up-{placed.order.pk}"
     assert attempts[-1].message.status == "failed"
+
+
+def test_a_shipment_row_is_booked_and_an_undeliverable_one_retried(delayq):
+    order = place_order("ann@example.com", "42.50").order
+    good = Shipment(order=order, address="1 Main Street")
+    good.schedule()  # the row is the message: no enqueue
+    bad = Shipment(order=order, address="Nowhere Lane 0")
+    bad.schedule(delay=60)
+
+    [booked] = delayq.run_pending("shipments")
+    assert (booked.message.pk, booked.result) == (good.pk, "succeeded")
+    good.refresh_from_db()
+    assert good.status == "succeeded" and good.tracking_number.startswith("TRK-")
+
+    delayq.advance(seconds=60)
+    [refused] = delayq.run_pending("shipments")
+    assert (refused.message.pk, refused.result) == (bad.pk, "retrying")
+    assert isinstance(refused.exception, CarrierError)
+    assert refused.message.status == "pending" and refused.message.attempt_count == 1

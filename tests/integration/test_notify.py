@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from django_delayq import enqueue
+from django_delayq import enqueue, enqueue_many
 from django_delayq.models import Message
 from django_delayq.producer import NOTIFY_CHANNEL
 from tests.conftest import wait_for
@@ -49,6 +49,23 @@ def test_rollback_sends_no_notify(listener):
         enqueue("default", {})
         transaction.set_rollback(True)
     assert received(listener) == []
+
+
+def test_enqueue_outside_a_transaction_notifies_once_per_call(listener):
+    # Autocommit: the insert and its NOTIFY are one statement.
+    enqueue("default", {"n": 1})
+    enqueue_many("other", [{"n": n} for n in range(50)])
+    assert [n["queue"] for n in received(listener)] == ["default", "other"]
+    assert Message.objects.filter(queue__in=["default", "other"]).count() == 51
+
+
+def test_every_conflict_mode_notifies_once_when_a_row_changes(listener):
+    with transaction.atomic():
+        enqueue_many("default", [{}, {}, {}])
+    enqueue("default", {}, key="u", on_conflict="update")
+    enqueue("default", {"v": 2}, key="u", on_conflict="update")
+    enqueue("default", {}, key="e", on_conflict="error")
+    assert [n["queue"] for n in received(listener)] == ["default"] * 4
 
 
 def test_ignored_duplicate_sends_no_notify(listener):

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from django_delayq import Discard, Retry, handler
 from django_delayq.retry import FixedDelay
-from tests.testapp.models import Effect, Execution
+from tests.testapp.models import Effect, Execution, Shipment
 
 
 class Boom(Exception):
@@ -113,3 +113,20 @@ def poison_handler(message):
     """Kills its own worker process, like a segfault or the OOM killer would."""
     _run(message)
     os._exit(3)
+
+
+@handler("shipments", model=Shipment, max_attempts=3, lease=5)
+def ship(shipment: Shipment) -> None:
+    """Consumer of the entity tests' rows (tests/*/test_entity*.py)."""
+    Execution.objects.create(
+        message_id=shipment.pk,
+        attempt=shipment.attempt_count,
+        worker=str(os.getpid()),
+        queue="shipments",
+        started=timezone.now(),
+    )
+    if shipment.sleep:
+        time.sleep(shipment.sleep)
+    if shipment.attempt_count <= shipment.fail:
+        raise Boom(f"attempt {shipment.attempt_count} of shipment {shipment.pk} failed")
+    Shipment.objects.filter(pk=shipment.pk).update(shipped_at=timezone.now())

@@ -1,5 +1,7 @@
 from django.db import models
 
+from django_delayq.entity import QueueFields, claim_index
+
 
 class Execution(models.Model):
     """One run of a test handler: what a worker did, for the suite to check."""
@@ -40,3 +42,25 @@ class Sent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.key} by producer {self.producer}"
+
+
+class Shipment(QueueFields):
+    """A row that is its own message (``QueueFields``): the entity tests' model.
+
+    The handler (``handlers.ship``) fails attempts <= ``fail`` and sleeps
+    ``sleep`` seconds, like the message handlers' payload knobs.
+    """
+
+    reference = models.CharField(max_length=50)
+    priority = models.SmallIntegerField(default=0)
+    fail = models.PositiveIntegerField(default=0)
+    sleep = models.FloatField(default=0)
+    shipped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(QueueFields.Meta):
+        ordering = ["id"]
+        # With a priority column the claim orders by it first: index that order.
+        indexes = [claim_index("testapp_shipment_dq_claim", priority=True)]
+
+    def __str__(self) -> str:
+        return self.reference

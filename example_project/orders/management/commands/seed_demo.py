@@ -2,8 +2,9 @@
 
 Shows the producer side of django-delayq: an order and its messages in one
 transaction (and gone together on rollback), delayed delivery, a batch with
-``enqueue_many``, keys that make a repeated enqueue harmless, and a task of
-Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend.
+``enqueue_many``, keys that make a repeated enqueue harmless, a task of
+Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend,
+and shipments whose rows are their own queue messages (``QueueFields``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from django.db import transaction
 
 from django_delayq import EnqueueResult, enqueue, enqueue_many
 from django_delayq.models import Message
-from orders.models import Order
+from orders.models import Order, Shipment
 from orders.services import place_order
 from orders.tasks import send_receipt
 
@@ -29,6 +30,7 @@ CUSTOMERS = [
 ]
 WELCOME_DELAY = 2
 NEWSLETTER_DELAY = 3
+SHIPMENT_DELAY = 1
 
 
 class _Abort(Exception):
@@ -107,7 +109,19 @@ class Command(BaseCommand):
             f"(queue {receipt.task.queue_name}, priority {receipt.task.priority})"
         )
 
-        out(f"Seeded {Order.objects.count()} orders and {Message.objects.count()} messages.")
+        out(f"Shipments (orders.Shipment rows, queued by schedule(); due in {SHIPMENT_DELAY} s):")
+        for order in Order.objects.order_by("pk"):
+            # The carrier refuses this address: retried, then failed.
+            broken = order.customer_email.endswith("@fail.example")
+            address = "Nowhere Lane 0" if broken else f"{order.pk} Main Street"
+            shipment = Shipment(order=order, address=address)
+            shipment.schedule(delay=SHIPMENT_DELAY)  # saves it; NOTIFY on PostgreSQL
+            out(f"  shipment #{shipment.pk} of order #{order.pk} to {address!r}: {shipment.status}")
+
+        out(
+            f"Seeded {Order.objects.count()} orders, {Message.objects.count()} messages and "
+            f"{Shipment.objects.count()} shipments."
+        )
 
 
 def describe(result: EnqueueResult) -> str:

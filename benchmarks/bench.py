@@ -1,0 +1,372 @@
+"""Side-by-side benchmark: the physical limit, django-delayq and its peers.
+
+    make bench                      # full run (30-45 minutes on 2 cores)
+    make bench ARGS=--quick         # small sizes, for development (about 6 minutes)
+    .venv/bin/python -m benchmarks.bench [--quick] [--systems delayq raw-one ...]
+                                         [--metrics process_c1 latency ...]
+
+Every figure comes from its own subprocess
+(``python -m benchmarks.systems.<adapter> <metric>``) on a freshly created
+database (``delayq_bench_<system>`` on the local PostgreSQL, or the server
+``BENCH_POSTGRES`` names), one system at a time, so no two measurements
+share a process, a table or the machine. The peers (procrastinate,
+django-tasks with django-tasks-db, PGQueuer, the hand-written ORM loop) run in
+their own virtualenv, ``benchmarks/.venv-peers``, created and upgraded to the
+latest releases on PyPI by this command (``--no-install`` skips the upgrade).
+
+Prints one table (metric x system, with django-delayq's ratio to the
+physical limit and to the best peer) and writes it, with the machine, the
+versions and the date, to ``benchmarks/results/`` as Markdown and as a PNG
+chart. It prints; it never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_VENV = ROOT / "benchmarks" / ".venv-peers"
+PEERS_PYTHON = PEERS_VENV / "bin" / "python"
+PEER_PACKAGES = [
+    "procrastinate",
+    "django-tasks",
+    "django-tasks-db",
+    "pgqueuer",
+    "psycopg[binary,pool]",
+    "Django",
+]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    key: str
+    label: str
+    module: list[str]
+    peer: bool  # runs in the peers' virtualenv
+    limit: bool = False
+
+
+SYSTEMS = [
+    SystemSpec(
+        "raw-one", "raw: claim one + delete", ["benchmarks.systems.raw", "one"], False, True
+    ),
+    SystemSpec(
+        "raw-batch", "raw: claim 100, batched ack", ["benchmarks.systems.raw", "batch"], False, True
+    ),  # noqa: E501
+    SystemSpec("delayq", "django-delayq", ["benchmarks.systems.delayq"], False),
+    SystemSpec("procrastinate", "procrastinate", ["benchmarks.systems.procrastinate_peer"], True),
+    SystemSpec(
+        "django-tasks-db", "django-tasks-db", ["benchmarks.systems.django_tasks_peer"], True
+    ),
+    SystemSpec("pgqueuer", "PGQueuer", ["benchmarks.systems.pgqueuer_peer"], True),
+    SystemSpec("orm-loop", "ORM skip-locked loop", ["benchmarks.systems.orm_loop"], True),
+]
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    args: list[str]
+    field: str = "value"
+    ratios: bool = True  # False where a ratio means nothing (growth near zero)
+
+
+def metrics(quick: bool) -> list[Metric]:
+    """The work, at full or ``--quick`` size."""
+    one = 500 if quick else 5_000
+    process = 2_000 if quick else 10_000
+    atomic = 500 if quick else 2_000
+    samples = 20 if quick else 100
+    claim = 1_000 if quick else 2_000
+    big = 100_000 if quick else 1_000_000
+    memory = 10_000 if quick else 100_000
+    return [
+        Metric("enqueue_one", f"enqueue, one per transaction ({one:,})", "msg/s", True,
+               ["enqueue_one", "--n", str(one)]),
+        Metric("enqueue_batch", "enqueue a batch of 10,000", "msg/s", True,
+               ["enqueue_batch", "--n", "10000"]),
+        Metric("process_c1", f"process {process:,} no-op, 1 process, concurrency 1", "msg/s",
+               True, ["process", "--n", str(process)]),
+        Metric("process_c4", f"process {process:,} no-op, 1 process, concurrency 4", "msg/s",
+               True, ["process", "--n", str(process), "--concurrency", "4"]),
+        Metric("process_p2", f"process {process:,} no-op, 2 processes", "msg/s", True,
+               ["process", "--n", str(process), "--processes", "2"]),
+        Metric("process_atomic", f"process {atomic:,}, handler writes a row (atomic)", "msg/s",
+               True, ["process", "--n", str(atomic), "--queue", "write"]),
+        Metric("latency_p50", "pickup latency p50, idle worker", "ms", False,
+               ["latency", "--n", str(samples)]),
+        Metric("latency_p95", "pickup latency p95, idle worker", "ms", False,
+               ["latency", "--n", str(samples)], "p95"),
+        Metric("claim_small", f"process {claim:,} with 10,000 future messages", "msg/s", True,
+               ["process", "--n", str(claim), "--backlog", "10000"]),
+        Metric("claim_big", f"process {claim:,} with {big:,} future messages", "msg/s", True,
+               ["process", "--n", str(claim), "--backlog", str(big)]),
+        Metric("memory", f"worker RSS after {memory:,} messages (DEBUG=True)", "MiB", False,
+               ["memory", "--n", str(memory)]),
+        Metric("memory_growth", f"worker RSS growth, {memory // 10:,} -> {memory:,} messages",
+               "MiB", False, ["memory", "--n", str(memory)], "growth", ratios=False),
+    ]  # fmt: skip
+
+
+def ensure_peers(install: bool) -> None:
+    if not PEERS_PYTHON.exists():
+        print(f"creating {PEERS_VENV.relative_to(ROOT)}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+        install = True
+    if install:
+        print("installing the peers' latest releases: " + ", ".join(PEER_PACKAGES), flush=True)
+        subprocess.run(
+            [str(PEERS_PYTHON), "-m", "pip", "install", "-q", "--upgrade", "pip", *PEER_PACKAGES],
+            check=True,
+        )
+
+
+def versions(python: Path | str, names: list[str]) -> dict[str, str]:
+    code = (
+        "import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
+        "out = {}\nfor n in sys.argv[1:]:\n"
+        "    try: out[n] = version(n)\n    except PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
+    done = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True)
+    return json.loads(done.stdout or "{}")
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = "?"
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        memory = f"{kib / 2**20:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    import psycopg
+
+    server = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
+    with psycopg.connect(f"{server}/postgres") as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return {
+        "cpu": f"{cpu} x {os.cpu_count()}",
+        "memory": memory,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "postgresql": row[0] if row else "?",
+    }
+
+
+def run_one(spec: SystemSpec, metric: Metric, timeout: float) -> dict[str, Any]:
+    python = str(PEERS_PYTHON) if spec.peer else sys.executable
+    db = spec.key.replace("-", "_")
+    command = [python, "-m", *spec.module, *metric.args, "--db", db]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
+        return {"error": tail[0][:200]}
+    result = json.loads(lines[-1])
+    result["seconds"] = time.monotonic() - start
+    return result
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "ms" or unit == "MiB":
+        return f"{value:,.1f}"
+    return f"{value:,.0f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return ""
+    return f"{a / b:.2f}x"
+
+
+def _best(values: dict[str, float | None], keys: list[str], higher: bool) -> float | None:
+    found = [v for k in keys if (v := values.get(k)) is not None]
+    if not found:
+        return None
+    return max(found) if higher else min(found)
+
+
+def build_table(
+    results: dict[tuple[str, str], dict[str, Any]], systems: list[SystemSpec], mets: list[Metric]
+) -> tuple[list[str], list[list[str]]]:
+    header = ["metric", "unit", *(s.label for s in systems), "delayq / limit", "delayq / best peer"]
+    rows = []
+    for metric in mets:
+        row = [metric.label, metric.unit]
+        values: dict[str, float | None] = {}
+        for spec in systems:
+            result = results.get((spec.key, metric.key), {})
+            value = result.get(metric.field)
+            values[spec.key] = value
+            if "error" in result:
+                row.append("error")
+            else:
+                row.append(fmt(value, metric.unit))
+        limit = _best(values, [s.key for s in systems if s.limit], metric.higher_is_better)
+        peer = _best(values, [s.key for s in systems if s.peer], metric.higher_is_better)
+        if metric.ratios:
+            row += [ratio(values.get("delayq"), limit), ratio(values.get("delayq"), peer)]
+        else:
+            row += ["", ""]
+        rows.append(row)
+    return header, rows
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plain(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def chart(
+    path: Path,
+    results: dict[tuple[str, str], dict[str, Any]],
+    systems: list[SystemSpec],
+    mets: list[Metric],
+    title: str,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 3
+    rows = (len(mets) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(15, 3.2 * rows), squeeze=False)
+    colors = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
+    for ax, metric in zip(axes.flat, mets, strict=False):
+        labels, values, shades = [], [], []
+        for i, spec in enumerate(systems):
+            value = results.get((spec.key, metric.key), {}).get(metric.field)
+            if value is None:
+                continue
+            labels.append(spec.label)
+            values.append(value)
+            shades.append(colors[i % len(colors)])
+        ax.barh(labels, values, color=shades)
+        ax.invert_yaxis()
+        better = "higher" if metric.higher_is_better else "lower"
+        ax.set_title(f"{metric.label}\n{metric.unit}, {better} is better", fontsize=9)
+        ax.tick_params(labelsize=8)
+        for y, value in enumerate(values):
+            ax.text(value, y, f" {fmt(value, metric.unit)}", va="center", fontsize=7)
+    for ax in list(axes.flat)[len(mets) :]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes for development")
+    parser.add_argument("--systems", nargs="*", choices=[s.key for s in SYSTEMS])
+    parser.add_argument("--metrics", nargs="*", help="metric keys (default: all)")
+    parser.add_argument("--no-install", action="store_true", help="do not upgrade the peers")
+    parser.add_argument("--timeout", type=float, default=3600, help="per measurement, seconds")
+    args = parser.parse_args()
+
+    systems = [s for s in SYSTEMS if not args.systems or s.key in args.systems]
+    mets = [m for m in metrics(args.quick) if not args.metrics or m.key in args.metrics]
+    if any(s.peer for s in systems):
+        ensure_peers(install=not args.no_install)
+    started = dt.datetime.now(dt.UTC)
+    info = machine()
+    ours = versions(sys.executable, ["django-delayq", "Django", "psycopg"])
+    peers = (
+        versions(PEERS_PYTHON, ["procrastinate", "django-tasks", "django-tasks-db", "pgqueuer",
+                                "Django", "psycopg"])
+        if any(s.peer for s in systems) else {}
+    )  # fmt: skip
+    print(f"machine: {info}\ndjango-delayq side: {ours}\npeers: {peers}", flush=True)
+
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    cache: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+    for spec in systems:
+        for metric in mets:
+            key = (spec.key, tuple(metric.args))
+            if key not in cache:  # p50 and p95 (and RSS and growth) share one run
+                print(f"{spec.key:>16}  {' '.join(metric.args):<48}", end=" ", flush=True)
+                cache[key] = run_one(spec, metric, args.timeout)
+                shown = cache[key].get("error") or fmt(cache[key].get("value"), metric.unit)
+                took = cache[key].get("seconds", 0)
+                print(f"{shown}  ({took:.0f} s)", flush=True)
+            results[(spec.key, metric.key)] = cache[key]
+
+    header, rows = build_table(results, systems, mets)
+    elapsed = dt.datetime.now(dt.UTC) - started
+    print()
+    print(plain(header, rows))
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = started.strftime("%Y%m%d-%H%M")
+    name = f"bench-{stamp}{'-quick' if args.quick else ''}"
+    title = f"django-delayq side by side, {started:%Y-%m-%d}{' (--quick)' if args.quick else ''}"
+    chart(RESULTS / f"{name}.png", results, systems, mets, title)
+    notes = [
+        f"# {title}",
+        "",
+        f"- date: {started:%Y-%m-%d %H:%M} UTC, run time {elapsed.total_seconds() / 60:.0f} min",
+        *(f"- {k}: {v}" for k, v in info.items()),
+        f"- django-delayq side: {', '.join(f'{k} {v}' for k, v in ours.items())}",
+        f"- peers (benchmarks/.venv-peers): {', '.join(f'{k} {v}' for k, v in peers.items())}",
+        f"- command: `python -m benchmarks.bench {' '.join(sys.argv[1:])}`".rstrip(),
+        "",
+        markdown(header, rows),
+        "",
+        "Ratios: django-delayq divided by the best raw loop (the physical limit) and by the "
+        "best peer; above 1 means more for msg/s, and worse for ms and MiB. n/a: the system "
+        "has no such mode (see benchmarks/systems/). Throughput is counted from the first "
+        "handler start to the last, so process start-up is left out.",
+        "",
+        f"![chart]({name}.png)",
+        "",
+    ]
+    (RESULTS / f"{name}.md").write_text("\n".join(notes))
+    errors = {k: v["error"] for k, v in cache.items() if "error" in v}
+    for (system, work), error in errors.items():
+        print(f"error: {system} {' '.join(work)}: {error}")
+    print(f"\nwritten: {(RESULTS / name).relative_to(ROOT)}.md and .png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+"""The measurements every system adapter shares, and its command line.
+
+An adapter module (``benchmarks/systems/<name>.py``) defines a subclass of
+:class:`System` that knows how to create its schema, enqueue, fill its table
+quickly, and start a worker process; the measurements themselves live here,
+once, so every system is timed by the same code:
+
+    python -m benchmarks.systems.<name> <metric> [--n N] [--backlog N] ...
+
+prints one JSON line with the figure. The runner (``benchmarks/bench.py``)
+starts one such process per system and metric, each on a freshly created
+database. Only the standard library and psycopg are used here, so the peers'
+virtualenv can import it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SERVER = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
+
+
+def database_url(name: str) -> str:
+    return f"{SERVER}/delayq_bench_{name}"
+
+
+def fresh_database(name: str) -> str:
+    """Drop and create ``delayq_bench_<name>``; returns its URL."""
+    with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "delayq_bench_{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "delayq_bench_{name}"')
+    return database_url(name)
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "delayq_bench_{name}" WITH (FORCE)')
+
+
+class System:
+    """One queue under benchmark; subclasses fill in the system-specific parts."""
+
+    name = "?"
+    #: Environment for this system's worker processes (on top of os.environ).
+    worker_env: dict[str, str] = {}
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    # -- to implement -----------------------------------------------------------
+
+    def install(self) -> None:
+        """Create the system's tables in the (empty) database."""
+        raise NotImplementedError
+
+    def enqueue_one(self, i: int) -> None:
+        """Enqueue one no-op message in its own transaction."""
+        raise NotImplementedError
+
+    def enqueue_batch(self, n: int) -> None:
+        """Enqueue ``n`` no-op messages with the system's batch API."""
+        raise NotImplementedError
+
+    def fill(self, n: int, *, future: bool = False, queue: str = "noop") -> None:
+        """Insert ``n`` messages fast (not measured): due now, or due in a day."""
+        raise NotImplementedError
+
+    def worker_command(self, *, concurrency: int, queue: str = "noop") -> list[str]:
+        """A command that runs one worker process over ``queue``."""
+        raise NotImplementedError
+
+    def processed_ok(self, n: int, queue: str) -> int:
+        """How many of the ``queue`` messages are recorded as done (a sanity check)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections opened by ``enqueue_one``/``enqueue_batch``."""
+
+    def supports(self, metric: str, concurrency: int = 1) -> bool:
+        return True
+
+    # -- shared helpers --------------------------------------------------------
+
+    def sql(self, statement: str, params: Any = None) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(statement, params)
+
+    def analyze(self) -> None:
+        self.sql("VACUUM ANALYZE")
+
+
+class Workers:
+    """Worker processes of one system, followed through their probe files."""
+
+    def __init__(
+        self,
+        system: System,
+        *,
+        processes: int,
+        concurrency: int,
+        queue: str = "noop",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="delayq-bench-"))
+        full_env = {
+            **os.environ,
+            **system.worker_env,
+            **(env or {}),
+            "BENCH_PROBE_DIR": str(self.dir),
+            "BENCH_DATABASE_URL": system.url,
+            "PYTHONPATH": str(ROOT),
+        }
+        command = system.worker_command(concurrency=concurrency, queue=queue)
+        # Logs go to files: a full pipe would stall a chatty worker.
+        self.logs = [(self.dir / f"worker-{i}.log").open("wb") for i in range(processes)]
+        self.procs = [
+            subprocess.Popen(command, env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            for log in self.logs
+        ]
+
+    def probes(self) -> list[dict[str, Any]]:
+        found = []
+        for path in self.dir.glob("*.json"):
+            try:
+                found.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def count(self) -> int:
+        return sum(int(p["count"]) for p in self.probes())
+
+    def wait_for(self, n: int, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.count() >= n:
+                return self.probes()
+            for proc in self.procs:
+                if proc.poll() is not None and self.count() < n:
+                    log = (self.dir / f"worker-{self.procs.index(proc)}.log").read_text()
+                    raise RuntimeError(f"worker exited with {proc.returncode}:\n{log[-3000:]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"only {self.count()} of {n} messages were processed in {timeout} s")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self.logs:
+            log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the measurements -----------------------------------------------------------
+
+
+def measure_enqueue_one(system: System, n: int) -> dict[str, Any]:
+    system.install()
+    for i in range(min(50, n)):  # warm up connections and caches
+        system.enqueue_one(-i - 1)
+    start = time.perf_counter()
+    for i in range(n):
+        system.enqueue_one(i)
+    elapsed = time.perf_counter() - start
+    system.close()
+    return {"value": n / elapsed, "unit": "msg/s"}
+
+
+def measure_enqueue_batch(system: System, n: int) -> dict[str, Any]:
+    system.install()
+    system.enqueue_batch(100)  # warm up
+    start = time.perf_counter()
+    system.enqueue_batch(n)
+    elapsed = time.perf_counter() - start
+    system.close()
+    return {"value": n / elapsed, "unit": "msg/s"}
+
+
+def _throughput(probes: list[dict[str, Any]]) -> float:
+    count = sum(int(p["count"]) for p in probes)
+    first = min(p["first"] for p in probes if p["first"] is not None)
+    last = max(p["last"] for p in probes if p["last"] is not None)
+    return (count - 1) / (last - first) if last > first else float("nan")
+
+
+def measure_process(
+    system: System,
+    n: int,
+    *,
+    concurrency: int = 1,
+    processes: int = 1,
+    queue: str = "noop",
+    backlog: int = 0,
+    timeout: float = 1800,
+) -> dict[str, Any]:
+    """Messages per second from the first handler start to the last one.
+
+    Process start-up is left out (it is not what a long-running worker
+    pays); the table is filled before any worker starts.
+    """
+    system.install()
+    if backlog:
+        system.fill(backlog, future=True, queue=queue)
+    system.fill(n, queue=queue)
+    system.analyze()
+    workers = Workers(system, processes=processes, concurrency=concurrency, queue=queue)
+    try:
+        probes = workers.wait_for(n, timeout)
+    finally:
+        workers.stop()
+    done = system.processed_ok(n, queue)
+    return {"value": _throughput(probes), "unit": "msg/s", "recorded_done": done}
+
+
+def measure_latency(system: System, samples: int) -> dict[str, Any]:
+    """Commit of a due message -> its handler's start, on an idle worker."""
+    system.install()
+    workers = Workers(system, processes=1, concurrency=1, env={"BENCH_PROBE_SAMPLES": "1"})
+    try:
+        system.enqueue_one(-1)  # the worker is up once this one ran
+        workers.wait_for(1, 120)
+        committed: dict[str, float] = {}
+        rng = random.Random(7)
+        for i in range(samples):
+            time.sleep(0.05 + rng.random() * 0.05)  # the worker goes idle
+            system.enqueue_one(i)
+            # Once the commit returned: the handler may start a fraction of a
+            # millisecond before the client hears of the commit.
+            committed[str(i)] = time.monotonic()
+            workers.wait_for(i + 2, 30)
+        probes = workers.wait_for(samples + 1, 30)
+    finally:
+        workers.stop()
+        system.close()
+    starts = {k: v for p in probes for k, v in p["starts"].items()}
+    lat = sorted((starts[k] - committed[k]) * 1000 for k in committed if k in starts)
+    p95 = lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))]
+    return {"value": statistics.median(lat), "p95": p95, "unit": "ms"}
+
+
+def measure_memory(system: System, n: int) -> dict[str, Any]:
+    """RSS of one worker process after ``n`` messages, and its growth since n/10."""
+    system.install()
+    system.fill(n)
+    system.analyze()
+    workers = Workers(
+        system,
+        processes=1,
+        concurrency=1,
+        env={"BENCH_PROBE_MEMORY_MARK": str(max(1, n // 10)), "BENCH_DEBUG": "1"},
+    )
+    try:
+        workers.wait_for(n, 3600)
+        time.sleep(0.5)  # one more probe write after the last message
+        probe = workers.probes()[0]
+    finally:
+        workers.stop()
+    return {
+        "value": probe["rss_mib"],
+        "growth": probe["rss_mib"] - probe.get("rss_at_mark", probe["rss_mib"]),
+        "unit": "MiB",
+    }
+
+
+def main(factory: Callable[[str], System]) -> None:
+    """The command line of an adapter module: one metric, one JSON line."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "metric",
+        choices=["enqueue_one", "enqueue_batch", "process", "latency", "memory"],
+    )
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--queue", default="noop")
+    parser.add_argument("--backlog", type=int, default=0)
+    parser.add_argument("--db", required=True, help="database name suffix")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    args = parser.parse_args()
+    system = factory(fresh_database(args.db))
+    if not system.supports(args.metric, args.concurrency):
+        print(json.dumps({"value": None, "note": "n/a"}))
+        return
+    try:
+        if args.metric == "enqueue_one":
+            result = measure_enqueue_one(system, args.n)
+        elif args.metric == "enqueue_batch":
+            result = measure_enqueue_batch(system, args.n)
+        elif args.metric == "process":
+            result = measure_process(
+                system,
+                args.n,
+                concurrency=args.concurrency,
+                processes=args.processes,
+                queue=args.queue,
+                backlog=args.backlog,
+            )
+        elif args.metric == "latency":
+            result = measure_latency(system, args.n)
+        else:
+            result = measure_memory(system, args.n)
+    finally:
+        system.close()
+        if not args.keep:
+            drop_database(args.db)
+    print(json.dumps(result), flush=True)
+    sys.stdout.flush()

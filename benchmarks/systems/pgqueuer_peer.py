@@ -1,0 +1,127 @@
+"""PGQueuer (psycopg driver): ``Queries.enqueue`` and a ``QueueManager`` worker.
+
+    benchmarks/.venv-peers/bin/python -m benchmarks.systems.pgqueuer_peer <metric> ...
+    benchmarks/.venv-peers/bin/python -m benchmarks.systems.pgqueuer_peer worker --queue Q
+
+Entrypoints are coroutines in one event loop that dequeues batches of 10
+(PGQueuer's default ``batch_size``) and runs a batch concurrently: there is
+no thread concurrency to set, so the concurrency-4 row is not applicable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import psycopg
+
+from benchmarks.systems import probe
+from benchmarks.systems.common import System, main
+
+
+class PGQueuer(System):
+    name = "pgqueuer"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._queries: Any = None
+
+    @property
+    def queries(self) -> Any:
+        if self._queries is None:
+            from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
+            from pgqueuer.queries import SyncQueries
+
+            self._conn = psycopg.connect(self.url, autocommit=True)
+            self._queries = SyncQueries(SyncPsycopgDriver(self._conn))
+        return self._queries
+
+    def install(self) -> None:
+        async def go() -> None:
+            from pgqueuer import PsycopgDriver, Queries
+
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+            await Queries(PsycopgDriver(conn)).install()
+            await conn.close()
+
+        asyncio.run(go())
+        self.sql("CREATE TABLE bench_sink (id bigserial PRIMARY KEY, n bigint NOT NULL)")
+
+    def enqueue_one(self, i: int) -> None:
+        self.queries.enqueue("noop", json.dumps({"i": i}).encode())
+
+    def enqueue_batch(self, n: int) -> None:
+        self.queries.enqueue(
+            ["noop"] * n, [json.dumps({"i": i}).encode() for i in range(n)], [0] * n
+        )
+
+    def fill(self, n: int, *, future: bool = False, queue: str = "noop") -> None:
+        self.sql(
+            "INSERT INTO pgqueuer (priority, entrypoint, payload, execute_after, status) "
+            "SELECT 0, %s, convert_to(jsonb_build_object('i', g)::text, 'utf8'), "
+            "now() + %s * interval '1 day', 'queued' FROM generate_series(1, %s) g",
+            (queue, int(future), n),
+        )
+
+    def worker_command(self, *, concurrency: int, queue: str = "noop") -> list[str]:
+        return [
+            sys.executable, "-m", "benchmarks.systems.pgqueuer_peer", "worker",
+            "--queue", queue, "--concurrency", str(concurrency),
+        ]  # fmt: skip
+
+    def processed_ok(self, n: int, queue: str) -> int:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pgqueuer WHERE entrypoint = %s", (queue,)
+            ).fetchone()
+        return n - (int(row[0]) if row else 0)
+
+    def supports(self, metric: str, concurrency: int = 1) -> bool:
+        return concurrency == 1
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._queries = None
+
+
+async def _work(queue: str, concurrency: int) -> None:
+    from pgqueuer import PsycopgDriver, Queries, QueueManager
+    from pgqueuer.models import Job
+
+    url = os.environ["BENCH_DATABASE_URL"]
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    # A plain blocking connection: the handler's INSERT is its own transaction.
+    sink = psycopg.connect(url, autocommit=True)
+    qm = QueueManager(Queries(PsycopgDriver(conn)))
+
+    @qm.entrypoint(queue)
+    async def run(job: Job) -> None:
+        probe.tick(json.loads(job.payload or b"{}").get("i"))
+        if queue == "write":
+            sink.execute("INSERT INTO bench_sink (n) VALUES (%s)", (job.id,))
+
+    probe.ready()
+    await qm.run(batch_size=10)
+
+
+def worker(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--queue", default="noop")
+    parser.add_argument("--concurrency", type=int, default=1)
+    args = parser.parse_args(argv)
+    asyncio.run(_work(args.queue, args.concurrency))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        worker(sys.argv[2:])
+    else:
+        main(PGQueuer)

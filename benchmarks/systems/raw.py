@@ -1,0 +1,173 @@
+"""The physical limit: plain psycopg 3 loops, no framework.
+
+Two variants share the table and the enqueue paths:
+
+- ``raw-one``: claim one message and delete it in one transaction
+  (``DELETE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1)``);
+- ``raw-batch``: claim 100 in one transaction (an UPDATE of a lease column
+  over ``FOR UPDATE SKIP LOCKED``), run them, then delete them in one
+  statement: the batched ack.
+
+    python -m benchmarks.systems.raw {one|batch} <metric> --db NAME ...
+    python -m benchmarks.systems.raw {one|batch} worker --queue Q --concurrency C
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from benchmarks.systems import probe
+from benchmarks.systems.common import System, main
+
+SCHEMA = """
+CREATE TABLE raw_queue (
+    id bigserial PRIMARY KEY,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    locked_until timestamptz
+);
+CREATE INDEX raw_queue_claim ON raw_queue (queue, run_at);
+CREATE TABLE raw_sink (id bigserial PRIMARY KEY, n integer NOT NULL);
+"""
+
+CLAIM_ONE = """
+DELETE FROM raw_queue WHERE id = (
+    SELECT id FROM raw_queue WHERE queue = %s AND run_at <= now()
+    ORDER BY run_at LIMIT 1 FOR UPDATE SKIP LOCKED
+) RETURNING id, payload
+"""
+
+CLAIM_BATCH = """
+UPDATE raw_queue SET locked_until = now() + interval '60 seconds' WHERE id IN (
+    SELECT id FROM raw_queue
+    WHERE queue = %s AND run_at <= now() AND (locked_until IS NULL OR locked_until < now())
+    ORDER BY run_at LIMIT 100 FOR UPDATE SKIP LOCKED
+) RETURNING id, payload
+"""
+
+
+class Raw(System):
+    def __init__(self, url: str, mode: str) -> None:
+        super().__init__(url)
+        self.mode = mode
+        self.name = f"raw-{mode}"
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            self._conn = psycopg.connect(self.url, autocommit=True)
+        return self._conn
+
+    def install(self) -> None:
+        self.sql(SCHEMA)
+
+    def enqueue_one(self, i: int) -> None:
+        # Autocommit: the INSERT is its own transaction.
+        self.conn.execute(
+            "INSERT INTO raw_queue (queue, payload) VALUES (%s, %s)", ("noop", Jsonb({"i": i}))
+        )
+
+    def enqueue_batch(self, n: int) -> None:
+        with self.conn.transaction():
+            if self.mode == "batch":
+                with self.conn.cursor().copy("COPY raw_queue (queue, payload) FROM STDIN") as copy:
+                    for i in range(n):
+                        copy.write_row(("noop", Jsonb({"i": i})))
+            else:
+                self.conn.cursor().executemany(
+                    "INSERT INTO raw_queue (queue, payload) VALUES (%s, %s)",
+                    [("noop", Jsonb({"i": i})) for i in range(n)],
+                )
+
+    def fill(self, n: int, *, future: bool = False, queue: str = "noop") -> None:
+        self.sql(
+            "INSERT INTO raw_queue (queue, payload, run_at) "
+            "SELECT %s, jsonb_build_object('i', g), now() + %s * interval '1 day' "
+            "FROM generate_series(1, %s) g",
+            (queue, 1 if future else 0, n),
+        )
+
+    def worker_command(self, *, concurrency: int, queue: str = "noop") -> list[str]:
+        return [
+            sys.executable, "-m", "benchmarks.systems.raw", self.mode, "worker",
+            "--queue", queue, "--concurrency", str(concurrency),
+        ]  # fmt: skip
+
+    def processed_ok(self, n: int, queue: str) -> int:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM raw_queue WHERE queue = %s AND run_at <= now()", (queue,)
+            ).fetchone()
+        return n - (row[0] if row else 0)
+
+    def supports(self, metric: str, concurrency: int = 1) -> bool:
+        return metric != "latency"  # no wake-up mechanism: it polls
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _work_loop(url: str, mode: str, queue: str) -> None:
+    atomic = queue == "write"
+    with psycopg.connect(url) as conn:
+        while True:
+            if mode == "one":
+                with conn.transaction():
+                    row = conn.execute(CLAIM_ONE, (queue,)).fetchone()
+                    if row is not None:
+                        probe.tick(row[1].get("i"))
+                        if atomic:
+                            conn.execute("INSERT INTO raw_sink (n) VALUES (%s)", (row[0],))
+                if row is None:
+                    time.sleep(0.01)
+                continue
+            with conn.transaction():
+                rows = conn.execute(CLAIM_BATCH, (queue,)).fetchall()
+            if not rows:
+                time.sleep(0.01)
+                continue
+            for row in rows:
+                probe.tick(row[1].get("i"))
+                if atomic:
+                    with conn.transaction():
+                        conn.execute("INSERT INTO raw_sink (n) VALUES (%s)", (row[0],))
+            with conn.transaction():
+                conn.execute("DELETE FROM raw_queue WHERE id = ANY(%s)", ([r[0] for r in rows],))
+
+
+def worker(mode: str, argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--queue", default="noop")
+    parser.add_argument("--concurrency", type=int, default=1)
+    args = parser.parse_args(argv)
+    url = os.environ["BENCH_DATABASE_URL"]
+    probe.ready()
+    threads = [
+        threading.Thread(target=_work_loop, args=(url, mode, args.queue), daemon=True)
+        for _ in range(args.concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+if __name__ == "__main__":
+    mode = sys.argv.pop(1)
+    if sys.argv[1:2] == ["worker"]:
+        worker(mode, sys.argv[2:])
+    else:
+        main(lambda url: Raw(url, mode))

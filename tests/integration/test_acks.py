@@ -1,0 +1,80 @@
+"""Acknowledgements committed in batches (acks.py, claim.ack_held)."""
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from django_delayq import claim, enqueue_many, signals
+from django_delayq.acks import AckBuffer
+from django_delayq.models import Message
+
+
+def claim_three():
+    enqueue_many("default", [{"n": i} for i in range(3)])
+    held = claim.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
+    assert len(held.messages) == 3
+    return held
+
+
+def reclaim(message):
+    """What another worker's claim after the lease expired leaves behind."""
+    Message.objects.filter(pk=message.pk).update(lock_token=uuid.uuid4())
+
+
+@pytest.mark.django_db
+def test_ack_held_acknowledges_only_messages_still_held():
+    held = claim_three()
+    stolen = held.messages[0]
+    reclaim(stolen)
+
+    acked = claim.ack_held({held.token: [m.pk for m in held.messages]})
+
+    assert acked == {m.pk for m in held.messages[1:]}
+    statuses = dict(Message.objects.values_list("pk", "status"))
+    assert statuses[stolen.pk] == "running"
+    assert [statuses[m.pk] for m in held.messages[1:]] == ["succeeded", "succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_buffer_commits_on_close_and_signals_only_what_it_acknowledged():
+    held = claim_three()
+    stolen = held.messages[2]
+    reclaim(stolen)
+    succeeded, lost = [], []
+
+    def on_success(sender, message, **kwargs):
+        # Sent after the commit: the row is already succeeded.
+        succeeded.append((message.pk, Message.objects.get(pk=message.pk).status))
+
+    signals.message_succeeded.connect(on_success, weak=False)
+    try:
+        # A delay far longer than the test: only close() can commit them.
+        buffer = AckBuffer("default", max_delay=3600, on_lost=lost.append)
+        for message in held.messages:
+            buffer.add(message, held.token, 0.001)
+        assert buffer.pending() == 3
+        buffer.close()
+    finally:
+        signals.message_succeeded.disconnect(on_success)
+
+    assert sorted(succeeded) == sorted((m.pk, "succeeded") for m in held.messages[:2])
+    assert [m.pk for m in lost] == [stolen.pk]
+    assert Message.objects.get(pk=stolen.pk).status == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_buffer_commits_a_full_batch_without_waiting_for_the_delay():
+    held = claim_three()
+    buffer = AckBuffer("default", max_delay=3600, max_size=3)
+    try:
+        for message in held.messages:
+            buffer.add(message, held.token, 0.001)
+        done = Message.objects.filter(status="succeeded")
+        deadline = time.monotonic() + 30
+        while done.count() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done.count() == 3
+    finally:
+        buffer.close()

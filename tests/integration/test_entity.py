@@ -1,0 +1,261 @@
+"""Queue columns on a model of the project (``QueueFields``): the same claim,
+lease, retry and shutdown rules as messages, run in-process on the real database."""
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_delayq import claim, enqueue, handler, operations
+from django_delayq.execute import Result
+from django_delayq.models import Message
+from django_delayq.registry import registry
+from tests.testapp.models import Execution, Shipment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def shipments(*references, **fields):
+    """Rows queued now (``schedule()``), in order."""
+    rows = []
+    for reference in references:
+        row = Shipment(reference=reference, **fields)
+        row.schedule()
+        rows.append(row)
+    return rows
+
+
+def test_rows_wait_until_scheduled():
+    idle = Shipment.objects.create(reference="idle")
+    assert (idle.status, idle.next_attempt_time) == ("pending", None)
+    assert (
+        claim.claim([], 10, worker="w", lease=timedelta(seconds=30), model=Shipment).messages == []
+    )
+
+
+def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
+    first, second = shipments("a", "b")
+    result = claim.claim([], 10, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
+    assert [r.pk for r in result.messages] == [first.pk, second.pk]
+    row = Shipment.objects.get(pk=first.pk)
+    assert (row.status, row.attempt_count, row.locked_by) == ("running", 1, "w-1")
+    assert row.lock_token == result.token
+    assert row.last_attempt_time == fake_clock()
+    assert row.next_attempt_time == fake_clock() + timedelta(seconds=30)
+    # Held rows are not due: a second claimer gets nothing.
+    assert (
+        claim.claim([], 10, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
+        == []
+    )
+    assert claim.ack([first.pk], result.token, model=Shipment) == 1
+    assert claim.ack([first.pk], result.token, model=Shipment) == 0  # no longer running
+    row.refresh_from_db()
+    assert (row.status, row.next_attempt_time, row.lock_token) == ("succeeded", None, None)
+
+
+def test_claim_takes_the_highest_priority_first():
+    low, high = shipments("low", "high")
+    Shipment.objects.filter(pk=high.pk).update(priority=5)
+    result = claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    assert [r.reference for r in result.messages] == ["high"]
+
+
+def test_expired_lease_is_claimed_again_and_fences_off_the_old_holder(fake_clock):
+    (row,) = shipments("a")
+    stale = claim.claim([], 1, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
+    fake_clock.advance(29)
+    assert (
+        claim.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages == []
+    )
+    fake_clock.advance(2)
+    fresh = claim.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment)
+    assert [r.pk for r in fresh.messages] == [row.pk]
+    assert fresh.messages[0].attempt_count == 2
+    # The first holder's outcome, extension and release all match nothing now.
+    assert claim.ack([row.pk], stale.token, model=Shipment) == 0
+    assert claim.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == 0
+    assert claim.release([row.pk], stale.token, started=True, model=Shipment) == 0
+    assert claim.fail(row.pk, stale.token, error="late", retry_at=None, model=Shipment) == 0
+    assert Shipment.objects.get(pk=row.pk).locked_by == "w-2"
+
+
+def test_release_of_unstarted_rows_gives_the_attempt_back():
+    (row,) = shipments("a")
+    held = claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    assert claim.release([row.pk], held.token, started=False, model=Shipment) == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempt_count, row.lock_token) == ("pending", 0, None)
+
+
+def test_worker_runs_due_rows_and_retries_failures(run_worker, fake_clock):
+    ok, flaky = shipments("ok", "flaky")
+    Shipment.objects.filter(pk=flaky.pk).update(fail=1)
+    stats = run_worker(["shipments"])
+    assert (stats[Result.SUCCEEDED], stats[Result.RETRYING]) == (1, 1)
+    ok.refresh_from_db()
+    assert (ok.status, ok.attempt_count, ok.next_attempt_time) == ("succeeded", 1, None)
+    assert ok.shipped_at is not None and ok.lock_token is None
+    flaky.refresh_from_db()
+    assert (flaky.status, flaky.attempt_count) == ("pending", 1)
+    assert "Boom: attempt 1 of shipment" in flaky.last_error
+    assert "Traceback" in flaky.last_traceback
+    assert flaky.next_attempt_time == fake_clock() + timedelta(seconds=60)  # FixedDelay
+    run_worker(["shipments"])  # not due yet
+    assert Shipment.objects.get(pk=flaky.pk).attempt_count == 1
+    fake_clock.advance(60)
+    run_worker(["shipments"])
+    flaky.refresh_from_db()
+    assert (flaky.status, flaky.attempt_count) == ("succeeded", 2)
+
+
+def test_max_attempts_of_the_handler_moves_rows_to_failed(run_worker, fake_clock):
+    (row,) = shipments("doomed", fail=99)
+    for _ in range(4):
+        run_worker(["shipments"])
+        fake_clock.advance(3600)
+    row.refresh_from_db()
+    assert (row.status, row.attempt_count, row.next_attempt_time) == ("failed", 3, None)
+    assert Execution.objects.filter(message_id=row.pk).count() == 3
+
+
+def test_one_worker_consumes_messages_and_rows_together(run_worker):
+    rows = shipments("a", "b", "c")
+    message = enqueue("default", {}).message
+    stats = run_worker(["default", "shipments"], concurrency=2, batch_size=2)
+    assert stats[Result.SUCCEEDED] == 4
+    assert Message.objects.get(pk=message.pk).status == "succeeded"
+    assert set(Shipment.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert sorted(
+        Execution.objects.filter(queue="shipments").values_list("message_id", flat=True)
+    ) == sorted(r.pk for r in rows)
+
+
+def test_signals_name_the_model_as_sender(run_worker):
+    from django_delayq import signals
+
+    seen = []
+
+    def receiver(sender, message, **kwargs):
+        seen.append((sender, message.pk))
+
+    signals.message_succeeded.connect(receiver)
+    try:
+        (row,) = shipments("a")
+        run_worker(["shipments"])
+    finally:
+        signals.message_succeeded.disconnect(receiver)
+    assert seen == [(Shipment, row.pk)]
+
+
+def test_schedule_a_queryset_leaves_held_rows_alone(fake_clock):
+    done, held = shipments("done", "held")
+    token = claim.claim([], 2, worker="w", lease=timedelta(seconds=30), model=Shipment).token
+    claim.ack([done.pk], token, model=Shipment)
+    later = fake_clock() + timedelta(hours=1)
+    assert Shipment.objects.all().schedule(run_at=later) == 1
+    assert Shipment.objects.get(pk=done.pk).status == "pending"
+    assert Shipment.objects.get(pk=done.pk).next_attempt_time == later
+    assert Shipment.objects.get(pk=held.pk).status == "running"
+
+
+def test_schedule_checks_its_arguments():
+    row = Shipment(reference="x")
+    with pytest.raises(ValueError, match="either run_at or delay"):
+        row.schedule(run_at=timezone.now(), delay=5)
+    with pytest.raises(ValueError, match="naive"):
+        row.schedule(run_at=timezone.now().replace(tzinfo=None))
+    with pytest.raises(ValueError, match="negative"):
+        row.schedule(delay=-1)
+    assert row.pk is None
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_schedule_wakes_listening_workers_on_commit():
+    import json
+
+    import psycopg
+
+    from django_delayq.producer import NOTIFY_CHANNEL
+
+    wanted = ("dbname", "user", "host", "port", "password")
+    params = {k: v for k, v in connection.get_connection_params().items() if k in wanted}
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+        with transaction.atomic():
+            Shipment(reference="a").schedule()
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []  # not before commit
+        notes = list(listener.notifies(timeout=10, stop_after=1))
+    assert json.loads(notes[0].payload)["queue"] == "shipments"
+
+
+def test_operations_work_on_the_model(fake_clock):
+    a, b = shipments("a", "b")
+    Shipment.objects.filter(pk=b.pk).update(
+        status="failed", next_attempt_time=None, attempt_count=3
+    )
+    result = operations.retry_failed(Shipment.objects.all(), extra_attempts=2)
+    assert (result.changed, result.skipped) == (1, {operations.PENDING: 1})
+    b.refresh_from_db()
+    assert (b.status, b.max_attempts, b.next_attempt_time) == ("pending", 5, fake_clock())
+    assert operations.reprioritise(Shipment.objects.filter(pk=a.pk), 7).changed == 1
+    assert Shipment.objects.get(pk=a.pk).priority == 7
+    claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    result = operations.cancel(Shipment.objects.all())
+    assert (result.changed, result.skipped) == (1, {operations.RUNNING: 1})
+
+
+def test_registration_rejects_what_cannot_work():
+    with pytest.raises(TypeError, match="inherits QueueFields"):
+        handler("plain", model=Execution)
+    with pytest.raises(ValueError, match="no kind"):
+        handler("other-shipments", model=Shipment, kind="x")
+    with pytest.raises(ImproperlyConfigured, match="holds the rows of testapp.Shipment"):
+        handler("shipments")(lambda message: None)
+    with pytest.raises(ImproperlyConfigured, match="two handlers for testapp.Shipment"):
+        handler("shipments-2", model=Shipment)(lambda row: None)
+    assert registry.for_model(Shipment).queue == "shipments"
+
+
+def test_lookup_of_an_unregistered_model_is_a_clear_error():
+    from django_delayq.exceptions import HandlerNotFound
+
+    registry_spec = registry.for_model(Shipment)
+    registry.unregister("shipments")
+    try:
+        with pytest.raises(HandlerNotFound, match="testapp.Shipment"):
+            registry.lookup_for(Shipment(reference="x"))
+    finally:
+        registry.register(registry_spec)
+
+
+def test_schedule_of_a_held_row_is_refused_and_saves_only_the_queue_columns(fake_clock):
+    from django_delayq.entity import RowHeld
+
+    (row,) = shipments("a")
+    claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    with pytest.raises(RowHeld, match="running under a worker's lease"):
+        row.schedule()
+    fake_clock.advance(31)  # the lease expired: the row may be queued again
+    row.reference = "not saved by schedule()"
+    row.schedule(delay=10)
+    stored = Shipment.objects.get(pk=row.pk)
+    assert (stored.reference, stored.status, stored.lock_token) == ("a", "pending", None)
+    assert stored.next_attempt_time == fake_clock() + timedelta(seconds=10)
+
+
+def test_run_pending_runs_due_rows_in_process():
+    from django_delayq.testing import run_pending
+
+    ok, flaky = shipments("ok", "flaky")
+    Shipment.objects.filter(pk=flaky.pk).update(fail=1)
+    message = enqueue("default", {}).message
+    attempts = run_pending(["default", "shipments"])
+    assert [(type(a.message), a.message.pk, a.result) for a in attempts] == [
+        (Message, message.pk, "succeeded"),
+        (Shipment, ok.pk, "succeeded"),
+        (Shipment, flaky.pk, "retrying"),
+    ]
+    assert type(attempts[2].exception).__name__ == "Boom"
+    assert attempts[2].message.status == "pending"
