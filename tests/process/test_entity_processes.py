@@ -31,7 +31,9 @@ def test_three_processes_process_each_row_exactly_once(spawn_worker):
         timeout=60,
         message="the three workers to start",
     )
-    ids = schedule(300)
+    # Each row takes a little work (20 ms), so that one worker cannot drain
+    # them all before the others claim: the rows really are shared.
+    ids = schedule(300, sleep=0.02)
     wait_for(
         lambda: not Shipment.objects.exclude(status="succeeded").exists(),
         timeout=180,

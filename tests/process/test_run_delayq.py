@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_delayq import enqueue, enqueue_many
-from django_delayq.models import Message
+from django_delayq.models import Message, WorkerState
 from tests.conftest import ROOT, wait_for
 from tests.testapp.models import Execution
 
@@ -18,11 +18,21 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 
 def test_four_processes_of_three_threads_process_each_message_exactly_once(spawn_worker):
-    results = enqueue_many("default", [{"n": i} for i in range(1500)])
     workers = [
         spawn_worker("--queue", "default", "--concurrency", "3", "--batch-size", "5")
         for _ in range(4)
     ]
+    # All four up (heartbeat recorded, signal handlers installed) before the
+    # messages exist, so that each can take a share and each stops cleanly.
+    pids = {w.pid for w in workers}
+    wait_for(
+        lambda: WorkerState.objects.filter(pid__in=pids).count() == 4,
+        timeout=60,
+        message="the four workers to start",
+    )
+    # A little work per message (5 ms), so that one process cannot drain them
+    # all before the others claim: the messages really are shared.
+    results = enqueue_many("default", [{"n": i, "sleep": 0.005} for i in range(1500)])
     wait_for(
         lambda: not Message.objects.exclude(status="succeeded").exists(),
         timeout=240,
