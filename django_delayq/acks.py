@@ -30,7 +30,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import claim
 from django_delayq.execute import Result, _lease_lost, _settle, record_success
@@ -102,6 +102,7 @@ class AckBuffer:
             connections.close_all()
 
     def _flush(self, batch: list[tuple[Message, uuid.UUID, float]]) -> None:
+        reset_queries()  # DEBUG's query log of this thread's connection
         held: dict[uuid.UUID, list[int]] = defaultdict(list)
         for message, token, _ in batch:
             held[token].append(message.pk)

@@ -36,7 +36,7 @@ _system_now = now
 
 
 class DatabaseNow(Now):
-    """``Now()``, in UTC on MariaDB/MySQL too.
+    """``Now()``, in UTC on MariaDB/MySQL too, at microsecond resolution on SQLite.
 
     With ``USE_TZ`` Django stores naive UTC there, while ``CURRENT_TIMESTAMP``
     is in the session's time zone: on a server that is not on UTC every due
@@ -45,6 +45,18 @@ class DatabaseNow(Now):
 
     def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         template = "UTC_TIMESTAMP(6)" if settings.USE_TZ else "CURRENT_TIMESTAMP(6)"
+        return self.as_sql(compiler, connection, template=template, **extra_context)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # SQLite's 'now' ticks in milliseconds while Django stores times to
+        # the microsecond: as the plain 'now', a message enqueued now was not
+        # due until the next tick, and a claim right after its enqueue missed
+        # it. The last microsecond of the current millisecond counts instead
+        # (due times are compared at SQLite's resolution); like 'now', it is
+        # the same for the whole statement.
+        # (Percent signs doubled twice: once for the template, once for the
+        # statement's parameters, as Django's own Now.as_sqlite does.)
+        template = "(STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f', 'NOW') || '999')"
         return self.as_sql(compiler, connection, template=template, **extra_context)
 
 

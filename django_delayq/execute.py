@@ -16,6 +16,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Protocol
 
 from django.db import InterfaceError, OperationalError, connections, transaction
@@ -128,14 +129,25 @@ class AckSink(Protocol):
 
 
 def execute(
-    message: Message, token: uuid.UUID, *, using: str, acks: AckSink | None = None
+    message: Message,
+    token: uuid.UUID,
+    *,
+    using: str,
+    acks: AckSink | None = None,
+    later: list[Callable[[], None]] | None = None,
+    group_acks: list[tuple[Message, uuid.UUID]] | None = None,
 ) -> Result:
     """Run ``message``'s handler and record the outcome under ``token``.
 
     With ``acks``, the success of a non-atomic handler is handed to it instead
     of being committed here; it commits a batch at once and then calls
     :func:`record_success`. Failures, retries and atomic handlers are always
-    recorded here, one statement each.
+    recorded here, one statement each. With ``later``, the caller runs this
+    in a transaction of its own and commits it: the outcome's log line and
+    signal are appended to ``later``, to run after that commit. With
+    ``group_acks`` too, an atomic handler's success is appended there instead
+    of being acknowledged here: the caller acknowledges the group in one
+    statement before its commit (``worker.py``).
     """
     try:
         spec: HandlerSpec | None = registry.lookup_for(message)
@@ -143,7 +155,7 @@ def execute(
         # A worker that lacks the handler (an older deployment during a
         # rolling release, a typo in kind) must not lose the message: it is
         # failed like any error, so it is retried and stays visible.
-        return _record_failure(message, token, None, exc, "", using)
+        return _record_failure(message, token, None, exc, "", using, later)
 
     assert spec is not None
     limit = _max_attempts(message, spec)
@@ -162,21 +174,25 @@ def execute(
             ),
         ):
             return _lease_lost(message)
-        logger.error(
-            "message %s (%s/%s) %s",
-            message.pk,
-            message.queue,
-            message.key,
-            error,
-            extra=message_fields(message, outcome=Result.FAILED),
-        )
-        signals.send(
-            signals.message_failed,
-            message=message,
-            attempt=message.attempt_count,
-            exception=MessageAbandoned(error),
-            using=using,
-        )
+
+        def abandoned() -> None:
+            logger.error(
+                "message %s (%s/%s) %s",
+                message.pk,
+                message.queue,
+                message.key,
+                error,
+                extra=message_fields(message, outcome=Result.FAILED),
+            )
+            signals.send(
+                signals.message_failed,
+                message=message,
+                attempt=message.attempt_count,
+                exception=MessageAbandoned(error),
+                using=using,
+            )
+
+        _announce(later, abandoned)
         return Result.FAILED
     signals.send(
         signals.message_started, message=message, attempt=message.attempt_count, using=using
@@ -186,7 +202,9 @@ def execute(
         if spec.atomic:
             with transaction.atomic(using=using):
                 spec.func(message)
-                if not claim.ack([message.pk], token, using=using, model=type(message)):
+                if group_acks is None and not claim.ack(
+                    [message.pk], token, using=using, model=type(message)
+                ):
                     raise _LeaseLost
         else:
             spec.func(message)
@@ -207,23 +225,26 @@ def execute(
             ),
         ):
             return _lease_lost(message)
-        logger.info(
-            "message %s snoozed for %s %s",
-            message.pk,
-            delay,
-            exc.reason,
-            extra=message_fields(
-                message, outcome=Result.SNOOZED, duration=time.monotonic() - started
-            ),
-        )
-        signals.send(
-            signals.message_retried,
-            message=message,
-            attempt=message.attempt_count,
-            exception=exc,
-            delay=delay,
-            using=using,
-        )
+        duration = time.monotonic() - started
+
+        def snoozed(exc: Retry = exc) -> None:
+            logger.info(
+                "message %s snoozed for %s %s",
+                message.pk,
+                delay,
+                exc.reason,
+                extra=message_fields(message, outcome=Result.SNOOZED, duration=duration),
+            )
+            signals.send(
+                signals.message_retried,
+                message=message,
+                attempt=message.attempt_count,
+                exception=exc,
+                delay=delay,
+                using=using,
+            )
+
+        _announce(later, snoozed)
         return Result.SNOOZED
     except Discard as exc:
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
@@ -234,33 +255,39 @@ def execute(
             ),
         ):
             return _lease_lost(message)
-        logger.info(
-            "message %s discarded: %s",
-            message.pk,
-            exc.reason,
-            extra=message_fields(
-                message, outcome=Result.DISCARDED, duration=time.monotonic() - started
-            ),
-        )
-        signals.send(
-            signals.message_discarded,
-            message=message,
-            attempt=message.attempt_count,
-            reason=exc.reason,
-            using=using,
-        )
+        duration = time.monotonic() - started
+        reason = exc.reason
+
+        def discarded() -> None:
+            logger.info(
+                "message %s discarded: %s",
+                message.pk,
+                reason,
+                extra=message_fields(message, outcome=Result.DISCARDED, duration=duration),
+            )
+            signals.send(
+                signals.message_discarded,
+                message=message,
+                attempt=message.attempt_count,
+                reason=reason,
+                using=using,
+            )
+
+        _announce(later, discarded)
         return Result.DISCARDED
     except (Exception, SystemExit) as exc:
-        return _record_failure(message, token, spec, exc, traceback.format_exc(), using)
+        return _record_failure(message, token, spec, exc, traceback.format_exc(), using, later)
 
     if not spec.atomic and acks is not None:
         acks.add(message, token, time.monotonic() - started)
         return Result.SUCCEEDED
+    if spec.atomic and group_acks is not None:
+        group_acks.append((message, token))
     if not spec.atomic and not _settle(
         using, lambda: claim.ack([message.pk], token, using=using, model=type(message))
     ):
         return _lease_lost(message)
-    record_success(message, time.monotonic() - started, using=using)
+    _announce(later, partial(record_success, message, time.monotonic() - started, using=using))
     return Result.SUCCEEDED
 
 
@@ -304,7 +331,9 @@ def record_time_limit(
     except HandlerNotFound:
         spec = None
     exc = TimeLimitExceeded(f"the handler ran for more than {limit.total_seconds():g} s")
-    return _record_failure(message, token, spec, exc, "", using)
+    # Skip a row locked by the handler's own group transaction: it finished
+    # meanwhile, and its outcome waits for that commit.
+    return _record_failure(message, token, spec, exc, "", using, skip_locked=True)
 
 
 def _record_failure(
@@ -314,6 +343,9 @@ def _record_failure(
     exc: BaseException,
     tb: str,
     using: str,
+    later: list[Callable[[], None]] | None = None,
+    *,
+    skip_locked: bool = False,
 ) -> Result:
     retry_in = _retry_time(message, spec, exc)
     error = describe(exc)
@@ -328,46 +360,66 @@ def _record_failure(
             retry_in=retry_in,
             using=using,
             model=type(message),
+            skip_locked=skip_locked,
         ),
     ):
         return _lease_lost(message)
-    if retry_in is None:
-        logger.error(
-            "message %s (%s/%s) failed after %s attempt(s): %s",
+
+    def failed() -> None:
+        if retry_in is None:
+            logger.error(
+                "message %s (%s/%s) failed after %s attempt(s): %s",
+                message.pk,
+                message.queue,
+                message.key,
+                message.attempt_count,
+                error,
+                extra=message_fields(message, outcome=Result.FAILED),
+            )
+            signals.send(
+                signals.message_failed,
+                message=message,
+                attempt=message.attempt_count,
+                exception=exc,
+                using=using,
+            )
+            return
+        logger.warning(
+            "message %s (%s/%s) attempt %s failed, retrying in %s: %s",
             message.pk,
             message.queue,
             message.key,
             message.attempt_count,
+            retry_in,
             error,
-            extra=message_fields(message, outcome=Result.FAILED),
+            extra=message_fields(message, outcome=Result.RETRYING),
         )
         signals.send(
-            signals.message_failed,
+            signals.message_retried,
             message=message,
             attempt=message.attempt_count,
             exception=exc,
+            delay=retry_in,
             using=using,
         )
-        return Result.FAILED
-    logger.warning(
-        "message %s (%s/%s) attempt %s failed, retrying in %s: %s",
-        message.pk,
-        message.queue,
-        message.key,
-        message.attempt_count,
-        retry_in,
-        error,
-        extra=message_fields(message, outcome=Result.RETRYING),
-    )
-    signals.send(
-        signals.message_retried,
-        message=message,
-        attempt=message.attempt_count,
-        exception=exc,
-        delay=retry_in,
-        using=using,
-    )
-    return Result.RETRYING
+
+    _announce(later, failed)
+    return Result.FAILED if retry_in is None else Result.RETRYING
+
+
+def _announce(later: list[Callable[[], None]] | None, announce: Callable[[], None]) -> None:
+    """Log and signal an outcome once its statement is committed.
+
+    On its own (autocommit) the statement is committed already: at once.
+    Inside a worker's group transaction (atomic handlers committed together,
+    see ``worker.py``) the worker runs ``later`` after the group commits, and
+    drops it if the group rolls back: a receiver never hears of an outcome
+    that did not happen.
+    """
+    if later is None:
+        announce()
+    else:
+        later.append(announce)
 
 
 def _lease_lost(message: Message) -> Result:

@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, reset_queries
 from django.db.models import Count, Min, Q
 
 from django_delayq import clock
@@ -197,6 +197,7 @@ class WorkerMetrics:
     def _sample_loop(self) -> None:
         try:
             while not self._stop.is_set():
+                reset_queries()  # DEBUG's query log of this thread's connection
                 try:
                     self.sample()
                 except DatabaseError:

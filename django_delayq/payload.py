@@ -16,8 +16,18 @@ from django_delayq.conf import get_config
 JSONScalar = str | int | float | bool | None
 
 
-def _path(parts: list[str]) -> str:
-    return "payload" + "".join(parts)
+# Where a value sits in the payload: (parent trail, key or index), or None at
+# the top. Kept as links and only spelled out for an error message, because
+# formatting a path for every value cost more than encoding the payload.
+Trail = tuple["Trail", object] | None
+
+
+def _path(trail: Trail) -> str:
+    steps: list[str] = []
+    while trail is not None:
+        trail, step = trail
+        steps.append(f"[{step}]" if isinstance(step, int) else f"[{step!r}]")
+    return "payload" + "".join(reversed(steps))
 
 
 def check_payload(payload: Any, where: str = "") -> int:
@@ -33,36 +43,35 @@ def encode_payload(payload: Any, where: str = "") -> str:
     and the NUL character, which PostgreSQL's jsonb cannot store; rather than
     silently altering the text, the caller is told where it is.
     """
-    stack: list[tuple[Any, list[str]]] = [(payload, [])]
+    stack: list[tuple[Any, Trail]] = [(payload, None)]
     while stack:
-        value, parts = stack.pop()
+        value, trail = stack.pop()
         if value is None or isinstance(value, bool | int):
             continue
         if isinstance(value, str):
             if "\x00" in value:
                 raise ValueError(
-                    f"{where}{_path(parts)} contains a NUL character (\\x00), which "
+                    f"{where}{_path(trail)} contains a NUL character (\\x00), which "
                     "PostgreSQL's JSON type cannot store; encode or strip it first"
                 )
             continue
         if isinstance(value, float):
             if not math.isfinite(value):
-                raise ValueError(f"{where}{_path(parts)} is {value!r}, which JSON cannot hold")
+                raise ValueError(f"{where}{_path(trail)} is {value!r}, which JSON cannot hold")
             continue
         if isinstance(value, dict):
             for k, v in value.items():
                 if not isinstance(k, str):
                     raise TypeError(
-                        f"{where}{_path(parts)} has a key of type {type(k).__name__} "
+                        f"{where}{_path(trail)} has a key of type {type(k).__name__} "
                         f"({k!r}); JSON object keys must be strings"
                     )
                 if "\x00" in k:
-                    raise ValueError(f"{where}{_path(parts)} has a key containing NUL (\\x00)")
-                stack.append((v, [*parts, f"[{k!r}]"]))
+                    raise ValueError(f"{where}{_path(trail)} has a key containing NUL (\\x00)")
+                stack.append((v, (trail, k)))
             continue
         if isinstance(value, list | tuple):
-            for i, v in enumerate(value):
-                stack.append((v, [*parts, f"[{i}]"]))
+            stack.extend((v, (trail, i)) for i, v in enumerate(value))
             continue
         kind = type(value)
         name = (
@@ -71,7 +80,7 @@ def encode_payload(payload: Any, where: str = "") -> str:
             else f"{kind.__module__}.{kind.__qualname__}"
         )
         raise TypeError(
-            f"{where}{_path(parts)} is of type {name}, "
+            f"{where}{_path(trail)} is of type {name}, "
             "which is not JSON-serialisable (use str, int, float, bool, None, list or dict)"
         )
     text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)

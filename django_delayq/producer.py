@@ -14,20 +14,28 @@ import sqlite3
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from functools import partial
+from datetime import UTC, datetime, timedelta
+from functools import cache, partial
 from typing import Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_delayq import clock, signals
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import DuplicateMessage
-from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
+from django_delayq.models import (
+    KEY_MAX_LENGTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    Message,
+    from_returned_rows,
+    returned_columns,
+)
 from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_queue_name
 
@@ -396,34 +404,127 @@ def message_template(
     """What every message of one enqueue shares: everything but its key and payload.
 
     Also the template of the Spark pipeline's bulk enqueue
-    (``contrib/spark/database.py``), so both write the same columns.
+    (``contrib/spark/database.py``), so both write the same columns. Built
+    from a blank message made once: ``Model.__init__`` costs more than the
+    rest of a single enqueue's Python work.
     """
+    template = _row(_blank(), "", None)
+    template.queue = queue
+    template.kind = kind
+    template.priority = priority
+    template.next_attempt_time = template.scheduled_time = due
+    template.max_attempts = max_attempts
+    template.created_at = template.updated_at = now
+    return template
+
+
+@cache
+def _blank() -> Message:
+    # The times are set by message_template; the epoch only stands in.
+    epoch = datetime.fromtimestamp(0, tz=UTC)
     return Message(
-        queue=queue,
+        queue="",
         key="",
-        kind=kind,
         payload=None,
         status=Message.Status.PENDING,
-        priority=priority,
-        next_attempt_time=due,
-        scheduled_time=due,
-        max_attempts=max_attempts,
-        created_at=now,
-        updated_at=now,
+        scheduled_time=epoch,
+        created_at=epoch,
+        updated_at=epoch,
     )
 
 
 def _row(template: Message, key: str, payload: Any, pk: int | None = None) -> Message:
     """A copy of ``template`` for one message, without running ``Model.__init__``."""
     message = Message.__new__(Message)
-    message.__dict__.update({k: v for k, v in template.__dict__.items() if k != "_state"})
-    message._state = type(template._state)()
+    message.__dict__.update(template.__dict__)
+    message._state = state = ModelState()
     message.key = key
     message.payload = payload
     if pk is not None:
-        message.pk = pk
-        message._state.adding = False
+        message.id = pk
+        state.adding = False
     return message
+
+
+# The template's columns that differ between calls (message_template's
+# arguments); every other column of a new message is the same for all.
+_PER_CALL_FIELDS = frozenset(
+    {"queue", "kind", "priority", "next_attempt_time", "scheduled_time", "max_attempts"}
+    | {"created_at", "updated_at"}
+)
+
+
+@dataclass(frozen=True)
+class _NewRowsStatement:
+    """The INSERT of new keys for one database backend, built once per process.
+
+    Building it (quoting, column types) costs more than sending it; only the
+    parameters are computed per call: first ``per_call`` from the template,
+    then ``constants`` (prepared once), then the rows themselves.
+    """
+
+    sql: str
+    per_call: tuple[Any, ...]
+    constants: tuple[Any, ...]
+
+    def params(self, template: Message, connection: BaseDatabaseWrapper) -> list[Any]:
+        params = [
+            field.get_db_prep_save(getattr(template, field.attname), connection)
+            for field in self.per_call
+        ]
+        params.extend(self.constants)
+        return params
+
+
+_statements: dict[tuple[type, bool], _NewRowsStatement] = {}
+
+
+def _new_rows_statement(connection: BaseDatabaseWrapper, wake: bool) -> _NewRowsStatement:
+    cache_key = (type(connection), wake)
+    statement = _statements.get(cache_key)
+    if statement is None:
+        statement = _statements[cache_key] = _build_new_rows_statement(connection, wake)
+    return statement
+
+
+def _build_new_rows_statement(connection: BaseDatabaseWrapper, wake: bool) -> _NewRowsStatement:
+    qn = connection.ops.quote_name
+    postgres = connection.vendor == "postgresql"
+    columns: list[str] = []
+    values: list[str] = []
+    per_call = [f for f in _INSERT_FIELDS if f.name in _PER_CALL_FIELDS]
+    constant = [f for f in _INSERT_FIELDS if f.name not in _PER_CALL_FIELDS | {"key", "payload"}]
+    for field in [*per_call, *constant]:
+        columns.append(qn(str(field.column)))
+        values.append(f"%s::{field.db_type(connection)}" if postgres else "%s")
+    columns += [qn("key"), qn("payload")]
+    if postgres:
+        values += ["u.value->>0", "u.value->1"]
+        source = "jsonb_array_elements(%s::jsonb) AS u(value)"
+    else:
+        values += ["json_extract(u.value, '$[0]')", "json_extract(u.value, '$[1]')"]
+        source = "json_each(%s) AS u"
+    sql = (
+        f"INSERT INTO {qn(Message._meta.db_table)} ({', '.join(columns)}) "
+        f"SELECT {', '.join(values)} FROM {source} "
+        # SQLite needs a WHERE to tell the upsert clause from a join condition.
+        f"{'' if postgres else 'WHERE true '}"
+        f"ON CONFLICT ({qn('queue')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}, {qn('key')}"
+    )
+    if wake and postgres:
+        # pg_notify is evaluated once (a materialised CTE), only if a row was
+        # created; like any NOTIFY it is delivered when the transaction commits.
+        sql = (
+            f"WITH ins AS ({sql}), "
+            "wake AS MATERIALIZED (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins)) "
+            "SELECT ins.* FROM ins LEFT JOIN wake ON true"
+        )
+    blank = _blank()
+    return _NewRowsStatement(
+        sql,
+        tuple(per_call),
+        tuple(f.get_db_prep_save(getattr(blank, f.attname), connection) for f in constant),
+    )
 
 
 def _insert_new(
@@ -437,53 +538,32 @@ def _insert_new(
     """Insert the keys that are new, in one statement; existing keys are IGNORED.
 
     Only the key and the payload differ between the messages of one call, so
-    they travel as two arrays (PostgreSQL ``unnest``) or one JSON document
-    (SQLite ``json_each``) and every other column is a single parameter: the
-    statement stays small whatever the batch size, and neither Django nor the
-    driver has to handle thousands of placeholders.
+    they travel as one JSON document (PostgreSQL ``jsonb_array_elements``,
+    SQLite ``json_each``) and every other column is a single parameter: the
+    statement stays small whatever the batch size, its text is the same for
+    every call (built once, and prepared by psycopg where the connection
+    allows it), and neither Django nor the driver handles thousands of
+    placeholders.
 
     With ``wake`` (PostgreSQL), the same statement sends the NOTIFY when it
     created at least one row.
     """
-    qn = connection.ops.quote_name
-    table = qn(Message._meta.db_table)
-    postgres = connection.vendor == "postgresql"
-    columns: list[str] = []
-    values: list[str] = []
-    params: list[Any] = []
-    for field in _INSERT_FIELDS:
-        columns.append(qn(str(field.column)))
-        if field.name == "key":
-            values.append("u.k" if postgres else "json_extract(u.value, '$[0]')")
-        elif field.name == "payload":
-            values.append("u.p::jsonb" if postgres else "json_extract(u.value, '$[1]')")
-        else:
-            cast = f"::{field.db_type(connection)}" if postgres else ""
-            values.append(f"%s{cast}")
-            params.append(field.get_db_prep_save(getattr(template, field.attname), connection))
-    if postgres:
-        source = "unnest(%s::text[], %s::text[]) AS u(k, p)"
-        params.extend([keys, encoded])
-    else:
-        source = "json_each(%s) AS u"
-        params.append(json.dumps([[k, e] for k, e in zip(keys, encoded, strict=True)]))
-    sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {source} "
-        # SQLite needs a WHERE to tell the upsert clause from a join condition.
-        f"{'' if postgres else 'WHERE true '}"
-        f"ON CONFLICT ({qn('queue')}, {qn('key')}) DO NOTHING RETURNING {qn('id')}, {qn('key')}"
-    )
-    if wake is not None and postgres:
-        # pg_notify is evaluated once (a materialised CTE), only if a row was
-        # created; like any NOTIFY it is delivered when the transaction commits.
-        sql = (
-            f"WITH ins AS ({sql}), "
-            "wake AS MATERIALIZED (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins)) "
-            "SELECT ins.* FROM ins LEFT JOIN wake ON true"
+    wake = wake if connection.vendor == "postgresql" else None
+    statement = _new_rows_statement(connection, wake is not None)
+    params = statement.params(template, connection)
+    # One JSON document [[key, payload], ...], joined from the payloads'
+    # checked text: one parameter to send, however many messages.
+    params.append(
+        "["
+        + ",".join(
+            f"[{json.dumps(k, ensure_ascii=False)},{e}]" for k, e in zip(keys, encoded, strict=True)
         )
-        params.extend([NOTIFY_CHANNEL, wake])
+        + "]"
+    )
+    if wake is not None:
+        params += [NOTIFY_CHANNEL, wake]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement.sql, params)
         created = dict((key, pk) for pk, key in cursor.fetchall())
     out: dict[str, tuple[Outcome, Message]] = {}
     for key, payload in zip(keys, payloads, strict=True):
@@ -501,7 +581,6 @@ def _insert_new(
 
 
 _INSERT_FIELDS = [f for f in Message._meta.concrete_fields if not f.primary_key]
-_ALL_FIELDS = list(Message._meta.concrete_fields)
 _FINISHED_SQL = "('succeeded', 'failed', 'cancelled')"
 
 
@@ -553,7 +632,7 @@ def _upsert_returning(
             )
     else:
         sql += "DO NOTHING"
-    returning = ", ".join(f"{table}.{qn(str(f.column))}" for f in _ALL_FIELDS)
+    returning = returned_columns(Message, qn)
     if connection.vendor == "postgresql":
         returning += ", (xmax = 0)"
     sql += f" RETURNING {returning}"
@@ -562,8 +641,9 @@ def _upsert_returning(
         fetched = cursor.fetchall()
 
     out: dict[str, tuple[Outcome, Message]] = {}
-    for values in fetched:
-        message = _from_row(connection, values[: len(_ALL_FIELDS)])
+    for values, message in zip(
+        fetched, from_returned_rows(Message, connection, fetched), strict=True
+    ):
         if connection.vendor == "postgresql":
             inserted = bool(values[-1])
         else:
@@ -619,19 +699,6 @@ def _update_clause(connection: BaseDatabaseWrapper, table: str) -> str:
     )
     assignments = ", ".join(f"{c(k)} = {v}" for k, v in sets.items())
     return f"DO UPDATE SET {assignments} WHERE {changed}"
-
-
-def _from_row(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> Message:
-    """Build a ``Message`` from a raw row, applying the backend's converters."""
-    converted = []
-    for field, value in zip(_ALL_FIELDS, values, strict=True):
-        col = field.get_col(Message._meta.db_table)
-        for converter in connection.ops.get_db_converters(col) + field.get_db_converters(
-            connection
-        ):
-            value = converter(value, col, connection)
-        converted.append(value)
-    return Message.from_db(connection.alias, [f.attname for f in _ALL_FIELDS], converted)
 
 
 def _select_then_write(
@@ -698,9 +765,15 @@ def _notify_body(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> 
     """The NOTIFY payload for a wake-up, or None where there is no NOTIFY.
 
     It carries the due time so that a worker sleeping until a later message
-    shortens its sleep for a sooner one.
+    shortens its sleep for a sooner one. A message due after the next poll
+    needs none: an idle worker sleeps at most ``POLL_INTERVAL`` and then
+    looks up the next due time, so it learns of the message before it is
+    due (and the NOTIFY would cost every commit a global lock for nothing).
     """
-    if connection.vendor != "postgresql" or not get_config()["NOTIFY"]:
+    config = get_config()
+    if connection.vendor != "postgresql" or not config["NOTIFY"]:
+        return None
+    if due - clock.now() > to_timedelta(config["POLL_INTERVAL"]):
         return None
     return json.dumps({"queue": queue, "due": due.timestamp()})
 

@@ -17,18 +17,21 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import FrameType
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections, reset_queries, router
+from django.db import DatabaseError, connections, reset_queries, router, transaction
 from django.db.models import Min, Model
 
 from django_delayq import claim, clock, liveness, retention, scheduling
 from django_delayq.acks import AckBuffer
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.execute import execute, record_time_limit
+from django_delayq.exceptions import HandlerNotFound
+from django_delayq.execute import _lease_lost, execute, record_time_limit
 from django_delayq.logs import message_fields
 from django_delayq.metrics import WorkerMetrics
 from django_delayq.models import Message, active_condition
@@ -48,6 +51,14 @@ MIN_IDLE_SLEEP = 0.01
 ADAPTIVE_FIRST_BATCH = 10
 ADAPTIVE_MAX_BATCH = 100
 CLAIM_WINDOW = 0.1
+
+# Most atomic messages committed in one group transaction.
+GROUP_MAX = 100
+
+# Pruning: batches per round, and the pause before the next round when a
+# round found more to delete than that.
+PRUNE_BATCHES = 10
+PRUNE_CATCH_UP = 1.0
 
 # An executor whose connection sat unused this long, or that missed a
 # connection failure seen by another thread, checks it before the next
@@ -87,6 +98,9 @@ class Held:
     # stuck executor can be replaced.
     started_at: float | None = None
     thread: threading.Thread | None = None
+    # Its outcome is written and waits for its group's commit: the row is
+    # locked by that transaction, and its time limit no longer applies.
+    settling: bool = False
 
 
 def worker_name() -> str:
@@ -164,6 +178,9 @@ class Worker:
         self._paused: frozenset[str] = frozenset()
         self._paused_read: float | None = None
         self._acks: AckBuffer | None = None
+        # Atomic handlers' transactions are grouped (see _run_group) for up
+        # to this long; None: one transaction per message.
+        self._group_window: float | None = None
         # Bumped on every database error seen by the claim loop or the keeper.
         self._db_failures = 0
         self._local = threading.local()
@@ -239,6 +256,7 @@ class Worker:
                 max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),
                 on_lost=self._ack_lost,
             )
+            self._group_window = self._acks.max_delay
         logger.info(
             "worker %s consuming %s (concurrency %s, batch %s%s)",
             self.name,
@@ -264,6 +282,9 @@ class Worker:
         errors = 0
         try:
             while not self._stopping:
+                # DEBUG's query log is per thread and per connection: each of
+                # the worker's threads empties its own (see _run_one).
+                reset_queries()
                 try:
                     if self.metrics is not None:
                         self.metrics.loop()
@@ -434,6 +455,16 @@ class Worker:
 
     # -- executors ------------------------------------------------------------
 
+    def _start(self, lane: Lane) -> tuple[Message, uuid.UUID]:
+        """Take the next message of ``lane`` for this thread (with ``_cond`` held)."""
+        message, token = lane.buffer.popleft()
+        lane.running += 1
+        held = self._held[(message.pk, token)]
+        held.started = True
+        held.started_at = time.monotonic()
+        held.thread = threading.current_thread()
+        return message, token
+
     def _next_item(self) -> tuple[Message, uuid.UUID, Lane] | None:
         with self._cond:
             while True:
@@ -441,52 +472,212 @@ class Worker:
                     return None
                 for lane in self.lanes:
                     if lane.buffer and lane.running < lane.cap:
-                        message, token = lane.buffer.popleft()
-                        lane.running += 1
-                        held = self._held[(message.pk, token)]
-                        held.started = True
-                        held.started_at = time.monotonic()
-                        held.thread = threading.current_thread()
-                        return message, token, lane
+                        return (*self._start(lane), lane)
                 self._cond.wait()
+
+    def _next_atomic_item(self, lane: Lane) -> tuple[Message, uuid.UUID] | None:
+        """The next message of ``lane`` if one is waiting and its handler is atomic."""
+        with self._cond:
+            if self._stopping or not lane.buffer or lane.running >= lane.cap:
+                return None
+            if not _is_atomic(lane.buffer[0][0]):
+                return None
+            return self._start(lane)
 
     def _executor_loop(self) -> None:
         try:
             while (item := self._next_item()) is not None:
-                message, token, lane = item
-                started = time.monotonic()
-                result = self._run_one(message, token)
-                elapsed = time.monotonic() - started
-                with self._cond:
-                    if self._held.pop((message.pk, token), None) is None and not self._stopping:
-                        # Past its time limit: the keeper already failed the
-                        # attempt, freed the slot and started a replacement
-                        # thread, so this one (and the late result) goes.
-                        self.stats["late"] += 1
-                        return
-                    lane.running -= 1
-                    lane.held -= 1
-                    previous = lane.seconds_per_message
-                    lane.seconds_per_message = (
-                        elapsed if previous is None else 0.9 * previous + 0.1 * elapsed
-                    )
-                    self.stats[result] += 1
-                    self._cond.notify_all()
-                if self.metrics is not None:
-                    self.metrics.processed(message.queue, result, elapsed)
-                assert self._waker is not None
-                self._waker.poke()
+                grouped = self._group_window is not None and _is_atomic(item[0])
+                if not (self._run_group(item) if grouped else self._run_single(item)):
+                    return
         finally:
             connections.close_all()
 
-    def _run_one(self, message: Message, token: uuid.UUID) -> str:
+    def _run_single(self, item: tuple[Message, uuid.UUID, Lane]) -> bool:
+        """Run one message; False if this thread was replaced meanwhile (time limit)."""
+        message, token, lane = item
+        self._prepare_connection()
+        started = time.monotonic()
+        result = self._run_one(message, token)
+        elapsed = time.monotonic() - started
+        if not self._handler_done(message, token, lane, elapsed):
+            return False
+        self._settled([(message, token, lane, result, elapsed)])
+        return True
+
+    def _run_group(self, item: tuple[Message, uuid.UUID, Lane]) -> bool:
+        """Run atomic handlers one after another in one transaction, committed once.
+
+        A commit waits for the write-ahead log to reach the disk; for fast
+        atomic handlers it is most of their cost. Each handler still runs in
+        a savepoint of its own, so a failing one rolls back its own writes
+        only (its failure is recorded in the same transaction); the successes
+        are acknowledged together by one compare-and-set statement just
+        before the commit, so every handler's writes commit exactly when its
+        acknowledgement does. The group closes ``ACK_DELAY`` after its first
+        message finished, at ``GROUP_MAX`` messages, or when the next waiting
+        message is not atomic. Outcomes are logged and signalled after the
+        commit; if the commit fails, none of them happened (the messages keep
+        their leases and are redelivered). If a message of the group was
+        taken from it meanwhile (its time limit passed, or its lease was
+        lost), the group rolls back and the others run again, one
+        transaction each, so that message's writes never commit. False if
+        this thread was replaced meanwhile.
+        """
+        message, token, lane = item
+        assert self._group_window is not None
+        self._prepare_connection()
+        done: list[tuple[Message, uuid.UUID, Lane, str, float]] = []
+        later: list[Callable[[], None]] = []
+        pending: list[tuple[Message, uuid.UUID]] = []
+        replaced = False
+        try:
+            with transaction.atomic(using=self.using):
+                deadline = None
+                while True:
+                    started = time.monotonic()
+                    result: str = "unrecorded"
+                    try:
+                        # If its outcome cannot be written, the exception rolls
+                        # back the whole group, this message with the others.
+                        result = execute(
+                            message, token, using=self.using, later=later, group_acks=pending
+                        )
+                    finally:
+                        elapsed = time.monotonic() - started
+                        if self._handler_done(message, token, lane, elapsed, settling=True):
+                            done.append((message, token, lane, result, elapsed))
+                        else:
+                            replaced = True
+                    if replaced:
+                        raise _GroupLost([message.pk])
+                    if deadline is None:
+                        deadline = time.monotonic() + self._group_window
+                    if len(done) >= GROUP_MAX or time.monotonic() >= deadline:
+                        break
+                    following = self._next_atomic_item(lane)
+                    if following is None:
+                        break
+                    message, token = following
+                self._ack_group(pending, lane)
+        except _GroupLost as lost:
+            done = self._rerun(done, lost.ids)
+            later = []
+        except Exception:
+            logger.exception(
+                "could not commit the outcome of %d message(s); they will be redelivered "
+                "when their leases expire",
+                len(done),
+            )
+            connections[self.using].close()
+            done = [(m, t, ln, "unrecorded", e) for m, t, ln, _, e in done]
+            later = []
+        for announce in later:
+            announce()
+        self._settled(done)
+        return not replaced
+
+    def _ack_group(self, pending: list[tuple[Message, uuid.UUID]], lane: Lane) -> None:
+        """Acknowledge the group's successes; raise ``_GroupLost`` if one is no longer ours."""
+        if not pending:
+            return
+        held: dict[uuid.UUID, list[int]] = defaultdict(list)
+        for message, token in pending:
+            held[token].append(message.pk)
+        mine = claim.ack_held(held, using=self.using, model=lane.model)
+        lost = [message.pk for message, _ in pending if message.pk not in mine]
+        if lost:
+            raise _GroupLost(lost)
+
+    def _rerun(
+        self, done: list[tuple[Message, uuid.UUID, Lane, str, float]], lost: list[int]
+    ) -> list[tuple[Message, uuid.UUID, Lane, str, float]]:
+        """After a group rolled back for ``lost``: run every other message again, alone."""
+        out: list[tuple[Message, uuid.UUID, Lane, str, float]] = []
+        for message, token, lane, _, _ in done:
+            if message.pk in lost:
+                out.append((message, token, lane, _lease_lost(message), 0.0))
+                continue
+            with self._cond:
+                held = self._held.get((message.pk, token))
+                if held is not None:  # running again: its lease and time limit apply
+                    held.settling = False
+                    held.started_at = time.monotonic()
+            started = time.monotonic()
+            self._prepare_connection()
+            result = self._run_one(message, token)
+            out.append((message, token, lane, result, time.monotonic() - started))
+        return out
+
+    def _handler_done(
+        self,
+        message: Message,
+        token: uuid.UUID,
+        lane: Lane,
+        elapsed: float,
+        *,
+        settling: bool = False,
+    ) -> bool:
+        """Free the handler slot; False if the message was taken from this thread.
+
+        That happens past its time limit: the keeper already failed the
+        attempt, freed the slot and started a replacement thread, so this
+        thread (and the late result) goes; or at a shutdown whose grace ran
+        out. ``settling``: the outcome waits for the group's commit, so the
+        lease keeper leaves the row alone.
+        """
+        with self._cond:
+            held = self._held.get((message.pk, token))
+            if held is None:
+                # Whoever took it (the keeper, or a shutdown past its grace)
+                # did the bookkeeping.
+                if not self._stopping:
+                    self.stats["late"] += 1
+                return False
+            # Done running: no time limit applies any more.
+            held.started_at = None
+            held.settling = settling
+            lane.running -= 1
+            previous = lane.seconds_per_message
+            lane.seconds_per_message = (
+                elapsed if previous is None else 0.9 * previous + 0.1 * elapsed
+            )
+            return True
+
+    def _settled(self, done: list[tuple[Message, uuid.UUID, Lane, str, float]]) -> None:
+        """Bookkeeping once outcomes are committed (or known to be lost)."""
+        wake = False
+        with self._cond:
+            for message, token, lane, result, _ in done:
+                if self._held.pop((message.pk, token), None) is None:
+                    continue  # taken meanwhile (time limit): accounted for there
+                lane.held -= 1
+                self.stats[result] += 1
+                # Wake the claiming thread only when it has something to do:
+                # claim for a buffer running low, or notice that all is done
+                # (--burst). Waking it after every message made it compete
+                # with the executors for the GIL.
+                wake = wake or len(lane.buffer) < self._batch_for(lane)
+            wake = wake or not self._held
+            self._cond.notify_all()
+        if self.metrics is not None:
+            for message, _, _, result, elapsed in done:
+                self.metrics.processed(message.queue, result, elapsed)
+        if wake:
+            assert self._waker is not None
+            self._waker.poke()
+
+    def _prepare_connection(self) -> None:
         # Keep DEBUG's query log from growing for the life of the worker, and
         # drop a connection that broke on the previous message. Unlike around
         # a request, healthy connections are kept whatever CONN_MAX_AGE says:
         # reconnecting per message would cost more than the message.
-        reset_queries()
+        if settings.DEBUG:
+            reset_queries()
         drop_broken_connections()
         self._recheck_connection()
+
+    def _run_one(self, message: Message, token: uuid.UUID) -> str:
         try:
             # Batched acknowledgements are for messages; a model's rows are
             # acknowledged one statement each.
@@ -534,6 +725,7 @@ class Worker:
         next_extend = next_beat = time.monotonic()
         try:
             while not self._keeper_stop.wait(interval):
+                reset_queries()
                 now = time.monotonic()
                 try:
                     if limits:
@@ -584,7 +776,7 @@ class Worker:
             assert held.message is not None and held.time_limit is not None
             result = record_time_limit(held.message, token, held.time_limit, using=self.using)
             with self._cond:
-                if self._held.get((pk, token)) is not held:
+                if self._held.get((pk, token)) is not held or held.started_at is None:
                     continue  # it finished meanwhile; its own outcome won the race
                 del self._held[(pk, token)]
                 held.lane.running -= 1
@@ -615,14 +807,18 @@ class Worker:
         groups: dict[tuple[uuid.UUID, timedelta, type[Model]], list[int]] = defaultdict(list)
         with self._cond:
             for (pk, _), held in self._held.items():
-                groups[(held.token, held.lease, held.lane.model)].append(pk)
+                # A settling row is locked by its group's transaction, which
+                # decides its fate: nothing to extend.
+                if not held.settling:
+                    groups[(held.token, held.lease, held.lane.model)].append(pk)
         for (token, lease, model), ids in groups.items():
             kept = claim.extend(ids, token, lease, using=self.using, model=model)
             if kept == len(ids):
                 continue
-            # Messages settled while we were extending are not losses.
+            # Messages settled (or settling) while we were extending are not losses.
             with self._cond:
-                still_held = sum(1 for pk in ids if (pk, token) in self._held)
+                current = [self._held.get((pk, token)) for pk in ids]
+                still_held = sum(1 for h in current if h is not None and not h.settling)
             if still_held > kept:
                 logger.warning(
                     "%d held message(s) were no longer ours when extending their lease "
@@ -653,15 +849,27 @@ class Worker:
                 connections[self.using].close()
 
     def _maybe_prune(self) -> None:
-        interval = get_config()["PRUNE_INTERVAL"]
+        """Delete expired finished messages every ``PRUNE_INTERVAL``, a few batches at a time.
+
+        A round that hit its batch cap left more behind: the next comes after
+        ``PRUNE_CATCH_UP`` seconds rather than a whole interval, so pruning
+        keeps pace with any steady rate of messages (a fixed number of
+        batches per interval would let a busy table grow without bound)
+        while no single round keeps the worker from claiming for long.
+        """
+        config = get_config()
+        interval = config["PRUNE_INTERVAL"]
         if interval is None or self.burst:
             return
-        if time.monotonic() - self._last_prune < to_timedelta(interval).total_seconds():
+        seconds = to_timedelta(interval).total_seconds()
+        if time.monotonic() - self._last_prune < seconds:
             return
         self._last_prune = time.monotonic()
-        deleted = retention.prune(max_batches=10, using=self.using)
+        deleted = retention.prune(max_batches=PRUNE_BATCHES, using=self.using)
         if deleted:
             logger.info("pruned %d finished message(s)", deleted)
+        if deleted >= PRUNE_BATCHES * int(config["PRUNE_BATCH_SIZE"]):
+            self._last_prune -= max(0.0, seconds - PRUNE_CATCH_UP)
 
     # -- shutdown -------------------------------------------------------------
 
@@ -725,6 +933,21 @@ class Worker:
         connections.close_all()
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items()))
         logger.info("worker %s stopped: %s", self.name, summary or "nothing processed")
+
+
+class _GroupLost(Exception):
+    """A message of a group of atomic handlers is no longer this worker's."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(ids)
+        self.ids = ids
+
+
+def _is_atomic(message: Message) -> bool:
+    try:
+        return registry.lookup_for(message).atomic
+    except HandlerNotFound:
+        return False
 
 
 def drop_broken_connections() -> None:

@@ -460,16 +460,18 @@ def check(run: Run, elapsed: float) -> Figures:
                 cause = "time limit"
             elif killed is not None and prev["started"] <= killed <= nxt["started"]:
                 cause = "SIGKILL"
-            elif any(
-                prev["started"] - timedelta(seconds=1)
+            elif cuts := [
+                d.at
+                for d in disruptions
+                if prev["started"] - timedelta(seconds=1)
                 <= d.at
                 <= (ended or nxt["started"]) + timedelta(seconds=5)
-                for d in disruptions
-            ):
+            ]:
                 cause = "connection cut"
                 # Its outcome (or its "finished" mark) could not be written:
-                # the handler ended with that database error.
-                ended = ended or prev["started"]
+                # the handler ended with that database error, at the cut (a
+                # SIGKILL of its worker later on does not make it longer).
+                ended = prev["finished"] or max(prev["started"], min(cuts))
             elif pid in terms and terms[pid] >= prev["started"]:
                 cause = "SIGTERM grace"
             else:

@@ -259,3 +259,20 @@ def test_run_pending_runs_due_rows_in_process():
     ]
     assert type(attempts[2].exception).__name__ == "Boom"
     assert attempts[2].message.status == "pending"
+
+
+def test_run_pending_of_a_row_queue_leaves_the_messages_of_other_queues():
+    from django_delayq.testing import run_pending
+
+    [row] = shipments("ok")
+    other = enqueue("default", {}).message
+    attempts = run_pending("shipments")
+    assert [(type(a.message), a.message.pk) for a in attempts] == [(Shipment, row.pk)]
+    assert Message.objects.get(pk=other.pk).status == "pending"
+
+
+def test_a_claim_of_no_queue_claims_nothing():
+    enqueue("default", {})
+    held = claim.claim([], 10, worker="w", lease=timedelta(seconds=30))
+    assert held.messages == []
+    assert Message.objects.get().status == "pending"

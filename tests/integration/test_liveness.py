@@ -101,6 +101,17 @@ def test_claim_uses_the_database_clock_not_the_hosts(monkeypatch):
     assert held.next_attempt_time < real_now() + timedelta(minutes=5)
 
 
+def test_a_message_enqueued_now_is_due_at_once():
+    # Due times are stored to the microsecond, and SQLite's clock ticks in
+    # milliseconds: a claim in the same millisecond as the enqueue must still
+    # see the message as due (it did not, at SQLite's plain 'now').
+    missed = 0
+    for i in range(200):
+        enqueue("default", {}, key=f"now-{i}")
+        missed += not claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages
+    assert missed == 0
+
+
 @pytest.mark.parametrize("value", [0, -1, timedelta(0)])
 def test_handler_time_limit_must_be_positive(value):
     with pytest.raises(ValueError, match="time_limit must be positive"):

@@ -37,7 +37,8 @@ def received(conn, timeout=0.5):
 
 def test_notify_is_sent_on_commit_with_queue_and_due_time(listener):
     with transaction.atomic():
-        message = enqueue("default", {}, delay=30).message
+        # Due before the next poll (POLL_INTERVAL is 1 s in the test settings).
+        message = enqueue("default", {}, delay=0.5).message
         assert received(listener, timeout=0.2) == []  # not before commit
     notes = received(listener)
     assert [n["queue"] for n in notes] == ["default"]
@@ -66,6 +67,17 @@ def test_every_conflict_mode_notifies_once_when_a_row_changes(listener):
     enqueue("default", {"v": 2}, key="u", on_conflict="update")
     enqueue("default", {}, key="e", on_conflict="error")
     assert [n["queue"] for n in received(listener)] == ["default"] * 4
+
+
+def test_message_due_after_the_next_poll_sends_no_notify(listener, settings):
+    # An idle worker sleeps at most POLL_INTERVAL, then reads the next due
+    # time: it learns of this message before it is due without a wake-up.
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 10}
+    enqueue("default", {}, key="later", delay=11)
+    enqueue_many("default", [{}, {}], delay=60)
+    assert received(listener) == []
+    enqueue("default", {}, key="soon", delay=9)
+    assert [n["queue"] for n in received(listener)] == ["default"]
 
 
 def test_ignored_duplicate_sends_no_notify(listener):

@@ -266,3 +266,44 @@ def test_a_message_that_keeps_killing_its_worker_stops_after_max_attempts(run_wo
     )
     assert stats[Result.FAILED] == 1
     assert not Execution.objects.exists()  # the handler did not run a third time
+
+
+def test_worker_pruning_catches_up_when_a_round_hits_its_cap(settings, monkeypatch):
+    # Ten batches of 5 per round: 120 expired messages need three rounds, and
+    # the rounds after a capped one come at once (PRUNE_CATCH_UP set to 0),
+    # not an hour later (PRUNE_INTERVAL).
+    from django_delayq import worker as worker_module
+
+    settings.DELAYQ = {
+        **settings.DELAYQ,
+        "PRUNE_INTERVAL": 3600,
+        "PRUNE_BATCH_SIZE": 5,
+        "RETENTION": 60,
+    }
+    monkeypatch.setattr(worker_module, "PRUNE_CATCH_UP", 0.0)
+    enqueue_many("default", [{}] * 120)
+    Message.objects.update(status="succeeded", finished_at=timezone.now() - timedelta(hours=1))
+    w = worker_module.Worker(["default"])
+    remaining = []
+    for _ in range(4):
+        w._maybe_prune()
+        remaining.append(Message.objects.count())
+    assert remaining == [70, 20, 0, 0]
+
+
+def test_every_worker_thread_keeps_its_debug_query_log_short(run_worker, settings):
+    # DEBUG keeps each connection's queries (per thread, up to 9,000): the
+    # claiming thread, the lease keeper and the acknowledgement thread must
+    # each empty their own, not only the handler threads.
+    import gc
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    settings.DEBUG = True
+    enqueue_many("default", [{}] * 150)
+    stats = run_worker(["default"], batch_size=1)
+    assert stats[Result.SUCCEEDED] == 150
+    longest = max(
+        len(obj.queries_log) for obj in gc.get_objects() if isinstance(obj, BaseDatabaseWrapper)
+    )
+    assert longest < 50

@@ -8,6 +8,7 @@ Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 import os
 import time
 
+from django.db import connection
 from django.utils import timezone
 
 from django_delayq import Discard, Retry, handler
@@ -60,6 +61,37 @@ def other_handler(message):
 @handler("atomic", atomic=True)
 def atomic_handler(message):
     Effect.objects.create(message_id=message.pk, value=str(message.payload.get("value", "")))
+    _run(message, record=False)
+
+
+@handler("atomic-txid", atomic=True)
+def atomic_txid_handler(message):
+    """Records the id of the transaction its write committed in (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT txid_current()")
+        txid = cursor.fetchone()[0]
+    Effect.objects.create(message_id=message.pk, value=str(txid))
+    if message.payload.get("steal"):
+        # Another worker claims it meanwhile (as after an expired lease): a
+        # new lock token, written and committed on a connection of its own.
+        import psycopg
+
+        params = {
+            k: v
+            for k, v in connection.get_connection_params().items()
+            if k not in ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
+        }
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute(
+                "UPDATE django_delayq_message SET lock_token = gen_random_uuid() WHERE id = %s",
+                [message.pk],
+            )
+    if message.payload.get("deferred") is not None:
+        with connection.cursor() as cursor:
+            # A deferred unique constraint: a clash fails the commit, not the insert.
+            cursor.execute(
+                "INSERT INTO delayq_test_deferred (v) VALUES (%s)", [message.payload["deferred"]]
+            )
     _run(message, record=False)
 
 
