@@ -55,6 +55,7 @@ class SystemSpec:
     module: list[str]
     peer: bool  # runs in the peers' virtualenv
     limit: bool = False
+    env: tuple[tuple[str, str], ...] = ()
 
 
 SYSTEMS = [
@@ -65,6 +66,16 @@ SYSTEMS = [
         "raw-batch", "raw: claim 100, batched ack", ["benchmarks.systems.raw", "batch"], False, True
     ),  # noqa: E501
     SystemSpec("delayq", "django-delayq", ["benchmarks.systems.delayq"], False),
+    # The same code with Django's DATABASES OPTIONS server_side_binding and
+    # prepare_threshold (benchmarks/settings.py): psycopg prepares the
+    # queue's statements, whose text stays the same from call to call.
+    SystemSpec(
+        "delayq-prepared",
+        "django-delayq, prepared statements",
+        ["benchmarks.systems.delayq"],
+        False,
+        env=(("BENCH_PREPARED", "1"),),
+    ),
     SystemSpec("procrastinate", "procrastinate", ["benchmarks.systems.procrastinate_peer"], True),
     SystemSpec(
         "django-tasks-db", "django-tasks-db", ["benchmarks.systems.django_tasks_peer"], True
@@ -83,6 +94,7 @@ class Metric:
     args: list[str]
     field: str = "value"
     ratios: bool = True  # False where a ratio means nothing (growth near zero)
+    repeat: bool = False  # short and noisy: measured --repeat times, the median kept
 
 
 def metrics(quick: bool) -> list[Metric]:
@@ -96,21 +108,25 @@ def metrics(quick: bool) -> list[Metric]:
     memory = 10_000 if quick else 100_000
     return [
         Metric("enqueue_one", f"enqueue, one per transaction ({one:,})", "msg/s", True,
-               ["enqueue_one", "--n", str(one)]),
+               ["enqueue_one", "--n", str(one)], repeat=True),
         Metric("enqueue_batch", "enqueue a batch of 10,000", "msg/s", True,
-               ["enqueue_batch", "--n", "10000"]),
+               ["enqueue_batch", "--n", "10000"], repeat=True),
         Metric("process_c1", f"process {process:,} no-op, 1 process, concurrency 1", "msg/s",
-               True, ["process", "--n", str(process)]),
+               True, ["process", "--n", str(process)], repeat=True),
         Metric("process_c4", f"process {process:,} no-op, 1 process, concurrency 4", "msg/s",
                True, ["process", "--n", str(process), "--concurrency", "4"]),
         Metric("process_p2", f"process {process:,} no-op, 2 processes", "msg/s", True,
                ["process", "--n", str(process), "--processes", "2"]),
         Metric("process_atomic", f"process {atomic:,}, handler writes a row (atomic)", "msg/s",
-               True, ["process", "--n", str(atomic), "--queue", "write"]),
+               True, ["process", "--n", str(atomic), "--queue", "write"], repeat=True),
         Metric("latency_p50", "pickup latency p50, idle worker", "ms", False,
                ["latency", "--n", str(samples)]),
         Metric("latency_p95", "pickup latency p95, idle worker", "ms", False,
                ["latency", "--n", str(samples)], "p95"),
+        Metric("delayed_p50", "delayed message: start after due time, p50", "ms", False,
+               ["delayed", "--n", str(samples)]),
+        Metric("delayed_p95", "delayed message: start after due time, p95", "ms", False,
+               ["delayed", "--n", str(samples)], "p95"),
         Metric("claim_small", f"process {claim:,} with 10,000 future messages", "msg/s", True,
                ["process", "--n", str(claim), "--backlog", "10000"]),
         Metric("claim_big", f"process {claim:,} with {big:,} future messages", "msg/s", True,
@@ -179,7 +195,7 @@ def run_one(spec: SystemSpec, metric: Metric, timeout: float) -> dict[str, Any]:
     python = str(PEERS_PYTHON) if spec.peer else sys.executable
     db = spec.key.replace("-", "_")
     command = [python, "-m", *spec.module, *metric.args, "--db", db]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, **dict(spec.env), "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
     start = time.monotonic()
     try:
         done = subprocess.run(
@@ -196,6 +212,18 @@ def run_one(spec: SystemSpec, metric: Metric, timeout: float) -> dict[str, Any]:
     return result
 
 
+def median_run(runs: list[dict[str, Any]], field: str) -> dict[str, Any]:
+    """The run whose ``field`` is the median of the successful runs (or the first error)."""
+    ok = [r for r in runs if "error" not in r and r.get(field) is not None]
+    if not ok:
+        return runs[0]
+    ok.sort(key=lambda r: r[field])
+    chosen = dict(ok[(len(ok) - 1) // 2])
+    if len(ok) > 1:
+        chosen["runs"] = [r[field] for r in ok]
+    return chosen
+
+
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -210,6 +238,15 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x"
 
 
+OURS = ("delayq", "delayq-prepared")
+
+
+def ratios(values: dict[str, float | None], other: float | None) -> str:
+    """django-delayq's ratio to ``other``, default and prepared side by side."""
+    cells = [ratio(values.get(key), other) for key in OURS if key in values]
+    return " · ".join(cell or "–" for cell in cells) if any(cells) else ""
+
+
 def _best(values: dict[str, float | None], keys: list[str], higher: bool) -> float | None:
     found = [v for k in keys if (v := values.get(k)) is not None]
     if not found:
@@ -218,12 +255,22 @@ def _best(values: dict[str, float | None], keys: list[str], higher: bool) -> flo
 
 
 def build_table(
-    results: dict[tuple[str, str], dict[str, Any]], systems: list[SystemSpec], mets: list[Metric]
+    results: dict[tuple[str, str], dict[str, Any]],
+    systems: list[SystemSpec],
+    mets: list[Metric],
+    repeat: int = 1,
 ) -> tuple[list[str], list[list[str]]]:
-    header = ["metric", "unit", *(s.label for s in systems), "delayq / limit", "delayq / best peer"]
+    header = [
+        "metric",
+        "unit",
+        *(s.label for s in systems),
+        "delayq / limit (default · prepared)",
+        "delayq / best peer (default · prepared)",
+    ]
     rows = []
     for metric in mets:
-        row = [metric.label, metric.unit]
+        label = metric.label + (f" (median of {repeat})" if metric.repeat and repeat > 1 else "")
+        row = [label, metric.unit]
         values: dict[str, float | None] = {}
         for spec in systems:
             result = results.get((spec.key, metric.key), {})
@@ -236,7 +283,7 @@ def build_table(
         limit = _best(values, [s.key for s in systems if s.limit], metric.higher_is_better)
         peer = _best(values, [s.key for s in systems if s.peer], metric.higher_is_better)
         if metric.ratios:
-            row += [ratio(values.get("delayq"), limit), ratio(values.get("delayq"), peer)]
+            row += [ratios(values, limit), ratios(values, peer)]
         else:
             row += ["", ""]
         rows.append(row)
@@ -303,6 +350,9 @@ def main() -> None:
     parser.add_argument("--metrics", nargs="*", help="metric keys (default: all)")
     parser.add_argument("--no-install", action="store_true", help="do not upgrade the peers")
     parser.add_argument("--timeout", type=float, default=3600, help="per measurement, seconds")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each short metric; the median is kept"
+    )
     args = parser.parse_args()
 
     systems = [s for s in SYSTEMS if not args.systems or s.key in args.systems]
@@ -321,18 +371,27 @@ def main() -> None:
 
     results: dict[tuple[str, str], dict[str, Any]] = {}
     cache: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
-    for spec in systems:
-        for metric in mets:
-            key = (spec.key, tuple(metric.args))
-            if key not in cache:  # p50 and p95 (and RSS and growth) share one run
-                print(f"{spec.key:>16}  {' '.join(metric.args):<48}", end=" ", flush=True)
-                cache[key] = run_one(spec, metric, args.timeout)
-                shown = cache[key].get("error") or fmt(cache[key].get("value"), metric.unit)
-                took = cache[key].get("seconds", 0)
-                print(f"{shown}  ({took:.0f} s)", flush=True)
-            results[(spec.key, metric.key)] = cache[key]
+    # Metric by metric, the systems one after another (and the repeats of a
+    # short metric in rounds over all systems), so a slow spell of the
+    # machine falls on every system rather than on one.
+    for metric in mets:
+        todo = [s for s in systems if (s.key, tuple(metric.args)) not in cache]
+        rounds = args.repeat if metric.repeat else 1
+        runs: dict[str, list[dict[str, Any]]] = {s.key: [] for s in todo}
+        for n in range(rounds):
+            for spec in todo:
+                label = " ".join(metric.args) + (f"  [{n + 1}/{rounds}]" if rounds > 1 else "")
+                print(f"{spec.key:>16}  {label:<56}", end=" ", flush=True)
+                result = run_one(spec, metric, args.timeout)
+                runs[spec.key].append(result)
+                shown = result.get("error") or fmt(result.get("value"), metric.unit)
+                print(f"{shown}  ({result.get('seconds', 0):.0f} s)", flush=True)
+        for spec in todo:
+            cache[(spec.key, tuple(metric.args))] = median_run(runs[spec.key], metric.field)
+        for spec in systems:
+            results[(spec.key, metric.key)] = cache[(spec.key, tuple(metric.args))]
 
-    header, rows = build_table(results, systems, mets)
+    header, rows = build_table(results, systems, mets, args.repeat)
     elapsed = dt.datetime.now(dt.UTC) - started
     print()
     print(plain(header, rows))
@@ -354,9 +413,14 @@ def main() -> None:
         markdown(header, rows),
         "",
         "Ratios: django-delayq divided by the best raw loop (the physical limit) and by the "
-        "best peer; above 1 means more for msg/s, and worse for ms and MiB. n/a: the system "
-        "has no such mode (see benchmarks/systems/). Throughput is counted from the first "
-        "handler start to the last, so process start-up is left out.",
+        "best peer, with Django's default connection settings and then with prepared "
+        "statements (`DATABASES[...]['OPTIONS'] = {'server_side_binding': True, "
+        "'prepare_threshold': 5}`); above 1 means more for msg/s, and worse for ms and MiB. "
+        "The raw loops, procrastinate and PGQueuer use psycopg's prepared statements by "
+        "default; django-tasks-db and the ORM loop run with Django's defaults. n/a: the "
+        "system has no such mode (see benchmarks/systems/). Throughput is counted from the "
+        "first handler start to the last, so process start-up is left out. A median was "
+        "measured in rounds over all systems.",
         "",
         f"![chart]({name}.png)",
         "",

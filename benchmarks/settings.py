@@ -14,5 +14,17 @@ from tests.settings import *  # noqa: E402, F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.benchapp"]  # noqa: F405
 DELAYQ = {"POLL_INTERVAL": 1, "PRUNE_INTERVAL": None}
+if os.environ.get("BENCH_SOAK_RETENTION"):
+    # benchmarks/soak.py: pruning on, with a retention short enough to reach.
+    DELAYQ = {"RETENTION": float(os.environ["BENCH_SOAK_RETENTION"]), "PRUNE_INTERVAL": 30}
 LOGGING = {"version": 1}
 DEBUG = os.environ.get("BENCH_DEBUG") == "1"
+
+if os.environ.get("BENCH_PREPARED") == "1":
+    # What a deployment without a transaction-mode pooler can turn on:
+    # server-side parameters and psycopg's prepared statements.
+    DATABASES["default"]["OPTIONS"] = {  # noqa: F405
+        **DATABASES["default"].get("OPTIONS", {}),  # noqa: F405
+        "server_side_binding": True,
+        "prepare_threshold": 5,
+    }

@@ -2,7 +2,8 @@
 # One entry point for the project's jobs; the Makefile targets call it.
 #
 #   scripts/dev.sh venv    create .venv and install the package with its extras
-#   scripts/dev.sh test    lint, checks, the whole suite on PostgreSQL and SQLite, on
+#   scripts/dev.sh test    lint, checks, the whole suite on PostgreSQL and SQLite (and its
+#                          core again on PostgreSQL with prepared statements), on
 #                          MariaDB/MySQL when one is reachable, then the Django 6 leg (below)
 #   scripts/dev.sh django6 the matrix's second leg: Python 3.12+ and Django 6.x in
 #                          .venv-dj6, checks plus the Tasks backend and a core smoke subset
@@ -99,6 +100,11 @@ run_suite() {
   DATABASE_URL="$pg_url" "$PY" -m pytest "$@"
   log "example project's tests on PostgreSQL"
   DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider example_project
+  # The configuration the README recommends for speed (server-side parameters
+  # and prepared statements): the core and the worker processes.
+  log "core suite on PostgreSQL with prepared statements"
+  DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
+    tests/unit tests/integration tests/process
   log "test suite on SQLite ($sqlite_url)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
   log "example project's tests on SQLite"

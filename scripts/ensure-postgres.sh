@@ -22,6 +22,8 @@
 #                         unused port to force step 3)
 #   PGDATA_DIR            throwaway cluster directory (default: <repo>/.pgdata)
 #   PGPORT_LOCAL          throwaway cluster port (default: 54329)
+#   DELAYQ_PG_DEFAULTS    1: start the throwaway cluster with PostgreSQL's default
+#                         settings instead of the test suite's fast, non-durable ones
 set -euo pipefail
 
 # Callers capture stdout as the URL, so every tool we run must write to stderr.
@@ -285,9 +287,12 @@ else
     # Settings go on the command line rather than into postgresql.conf so a
     # changed PGPORT_LOCAL takes effect on the next start. fsync & co. off:
     # throwaway data, speed matters; 200 connections for parallel test workers.
+    # DELAYQ_PG_DEFAULTS=1 keeps PostgreSQL's own defaults (make soak).
     opts="-c listen_addresses=$HOST -p $port -k '$sockdir'"
-    opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    opts+=" -c max_connections=200 -c shared_buffers=32MB"
+    if [[ "${DELAYQ_PG_DEFAULTS:-}" != 1 ]]; then
+        opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        opts+=" -c max_connections=200 -c shared_buffers=32MB"
+    fi
     log "starting throwaway cluster on $HOST:$port (log: $LOGFILE)"
     # -W: don't let pg_ctl wait; we wait below with our own deadline.
     run_pg "$PG_CTL" start -D "$PGDATA_DIR" -l "$LOGFILE" -W -o "$opts" >&2

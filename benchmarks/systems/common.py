@@ -16,6 +16,7 @@ virtualenv can import it too.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import random
@@ -75,6 +76,10 @@ class System:
 
     def enqueue_batch(self, n: int) -> None:
         """Enqueue ``n`` no-op messages with the system's batch API."""
+        raise NotImplementedError
+
+    def enqueue_delayed(self, i: int, run_at: dt.datetime) -> None:
+        """Enqueue one no-op message due at ``run_at`` (aware, UTC), in its own transaction."""
         raise NotImplementedError
 
     def fill(self, n: int, *, future: bool = False, queue: str = "noop") -> None:
@@ -284,12 +289,45 @@ def measure_memory(system: System, n: int) -> dict[str, Any]:
     }
 
 
+def measure_delayed(system: System, samples: int) -> dict[str, Any]:
+    """How late a delayed message starts after its due time, on an idle worker.
+
+    Every message is enqueued up front, due one after another 100-150 ms
+    apart (so the worker is idle before each), the first 1.5 s from now.
+    """
+    system.install()
+    workers = Workers(
+        system,
+        processes=1,
+        concurrency=1,
+        env={"BENCH_PROBE_SAMPLES": "1", "BENCH_PROBE_WALL": "1"},
+    )
+    try:
+        system.enqueue_one(-1)  # the worker is up once this one ran
+        workers.wait_for(1, 120)
+        rng = random.Random(7)
+        due: dict[str, float] = {}
+        at = time.time() + 1.5
+        for i in range(samples):
+            due[str(i)] = at
+            system.enqueue_delayed(i, dt.datetime.fromtimestamp(at, tz=dt.UTC))
+            at += 0.1 + rng.random() * 0.05
+        probes = workers.wait_for(samples + 1, at - time.time() + 60)
+    finally:
+        workers.stop()
+        system.close()
+    starts = {k: v for p in probes for k, v in p["starts"].items()}
+    late = sorted((starts[k] - due[k]) * 1000 for k in due if k in starts)
+    p95 = late[min(len(late) - 1, round(0.95 * (len(late) - 1)))]
+    return {"value": statistics.median(late), "p95": p95, "unit": "ms"}
+
+
 def main(factory: Callable[[str], System]) -> None:
     """The command line of an adapter module: one metric, one JSON line."""
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "metric",
-        choices=["enqueue_one", "enqueue_batch", "process", "latency", "memory"],
+        choices=["enqueue_one", "enqueue_batch", "process", "latency", "delayed", "memory"],
     )
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=1)
@@ -319,6 +357,8 @@ def main(factory: Callable[[str], System]) -> None:
             )
         elif args.metric == "latency":
             result = measure_latency(system, args.n)
+        elif args.metric == "delayed":
+            result = measure_delayed(system, args.n)
         else:
             result = measure_memory(system, args.n)
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from benchmarks.systems.common import System, main
 
@@ -41,6 +42,11 @@ class DelayQ(System):
         # Outside any atomic block enqueue() is its own transaction, as the
         # raw loop's INSERT is (autocommit).
         enqueue("noop", {"i": i})
+
+    def enqueue_delayed(self, i: int, run_at: Any) -> None:
+        from django_delayq import enqueue
+
+        enqueue("noop", {"i": i}, run_at=run_at)
 
     def enqueue_batch(self, n: int) -> None:
         from django_delayq import enqueue_many

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from benchmarks.systems.common import System, main
 
@@ -40,6 +41,14 @@ class DjangoTasks(System):
 
         with transaction.atomic():
             noop.enqueue(i)
+
+    def enqueue_delayed(self, i: int, run_at: Any) -> None:
+        from django.db import transaction
+
+        from benchmarks.peerapp.tasks import noop
+
+        with transaction.atomic():
+            noop.using(run_after=run_at).enqueue(i)
 
     def enqueue_batch(self, n: int) -> None:
         # No batch API: one transaction around n enqueues.

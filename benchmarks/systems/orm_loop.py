@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from benchmarks.systems.common import System, main
 
@@ -50,6 +51,11 @@ class OrmLoop(System):
 
         with transaction.atomic():
             Job.objects.create(queue="noop", payload={"i": i}, run_at=timezone.now())
+
+    def enqueue_delayed(self, i: int, run_at: Any) -> None:
+        from benchmarks.peerapp.models import Job
+
+        Job.objects.create(queue="noop", payload={"i": i}, run_at=run_at)
 
     def enqueue_batch(self, n: int) -> None:
         from django.utils import timezone

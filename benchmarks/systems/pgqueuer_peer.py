@@ -54,6 +54,15 @@ class PGQueuer(System):
     def enqueue_one(self, i: int) -> None:
         self.queries.enqueue("noop", json.dumps({"i": i}).encode())
 
+    def enqueue_delayed(self, i: int, run_at: Any) -> None:
+        import datetime as dt
+
+        # PGQueuer takes a delay, added to the database's now().
+        delay = run_at - dt.datetime.now(dt.UTC)
+        self.queries.enqueue(
+            "noop", json.dumps({"i": i}).encode(), 0, execute_after=max(delay, dt.timedelta(0))
+        )
+
     def enqueue_batch(self, n: int) -> None:
         self.queries.enqueue(
             ["noop"] * n, [json.dumps({"i": i}).encode() for i in range(n)], [0] * n

@@ -8,7 +8,8 @@ the runner can follow progress without touching the system's own tables
 
 Times are ``time.monotonic()``, which is one clock for every process of the
 machine, so ticks of two worker processes and the runner's enqueue times can
-be compared directly.
+be compared directly; with ``BENCH_PROBE_WALL=1`` samples are ``time.time()``,
+to compare with the due times the runner gave delayed messages.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 
 _DIR = os.environ.get("BENCH_PROBE_DIR")
 _SAMPLES = os.environ.get("BENCH_PROBE_SAMPLES") == "1"
+# Samples compared with due times (wall clock) rather than commit times.
+_WALL = os.environ.get("BENCH_PROBE_WALL") == "1"
 _MARK = int(os.environ.get("BENCH_PROBE_MEMORY_MARK", "0") or 0)
 _lock = threading.Lock()
 _state: dict[str, object] = {"count": 0, "first": None, "last": None, "starts": {}}
@@ -64,7 +67,7 @@ def tick(sample: object = None) -> None:
             _state["first"] = now
         _state["last"] = now
         if _SAMPLES and sample is not None:
-            _state["starts"][str(sample)] = now  # type: ignore[index]
+            _state["starts"][str(sample)] = time.time() if _WALL else now  # type: ignore[index]
         if _MARK and count == _MARK:
             _state["rss_at_mark"] = rss_mib()
     if _writer is None:

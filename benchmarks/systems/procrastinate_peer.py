@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import psycopg
 
@@ -39,6 +40,9 @@ class Procrastinate(System):
 
     def enqueue_one(self, i: int) -> None:
         self.app.tasks["noop"].defer(i=i)
+
+    def enqueue_delayed(self, i: int, run_at: Any) -> None:
+        self.app.tasks["noop"].configure(schedule_at=run_at).defer(i=i)
 
     def enqueue_batch(self, n: int) -> None:
         self.app.tasks["noop"].batch_defer(*({"i": i} for i in range(n)))
