@@ -173,7 +173,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._keeper_stop = threading.Event()
         self._waker: Waker | None = None
-        self._last_prune = 0.0
+        # The first round is due at once, however briefly the host has been up.
+        self._last_prune = float("-inf")
         self._next_install = 0.0
         self._paused: frozenset[str] = frozenset()
         self._paused_read: float | None = None
