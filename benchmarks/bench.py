@@ -235,7 +235,9 @@ def fmt(value: float | None, unit: str) -> str:
 def ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or b == 0:
         return ""
-    return f"{a / b:.2f}x"
+    r = a / b
+    # Two significant digits below 0.1 (a latency 200 times lower is not "0.00x").
+    return f"{r:.2f}x" if r >= 0.1 or r == 0 else f"{r:.2g}x"
 
 
 OURS = ("delayq", "delayq-prepared")
