@@ -339,6 +339,13 @@ def chart(
             ax.text(value, y, f" {fmt(value, metric.unit)}", va="center", fontsize=7)
     for ax in list(axes.flat)[len(mets) :]:
         ax.axis("off")
+    save_chart(fig, title, path)
+
+
+def save_chart(fig: Any, title: str, path: Path) -> None:
+    """Title, lay out, write and free a matplotlib figure (bench and soak charts alike)."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.bench import save_chart
 from benchmarks.systems.common import ROOT, drop_database, fresh_database
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -101,10 +102,7 @@ def chart(path: Path, rows: list[list[Any]], title: str) -> None:
     sizes.plot(minutes, [r[7] for r in rows], label="indexes MiB")
     sizes.set_xlabel("minute")
     sizes.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_chart(fig, title, path)
 
 
 def main() -> None:
