@@ -291,6 +291,19 @@ def test_worker_pruning_catches_up_when_a_round_hits_its_cap(settings, monkeypat
     assert remaining == [70, 20, 0, 0]
 
 
+
+def test_worker_prunes_at_once_on_a_host_that_just_booted(settings, monkeypatch):
+    # time.monotonic() counts from boot: ten seconds of uptime is less than
+    # PRUNE_INTERVAL, and the first round must still not wait for it.
+    from django_delayq import worker as worker_module
+
+    settings.DELAYQ = {**settings.DELAYQ, "PRUNE_INTERVAL": 3600, "RETENTION": 60}
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: 10.0)
+    enqueue_many("default", [{}] * 3)
+    Message.objects.update(status="succeeded", finished_at=timezone.now() - timedelta(hours=1))
+    worker_module.Worker(["default"])._maybe_prune()
+    assert Message.objects.count() == 0
+
 def test_every_worker_thread_keeps_its_debug_query_log_short(run_worker, settings):
     # DEBUG keeps each connection's queries (per thread, up to 9,000): the
     # claiming thread, the lease keeper and the acknowledgement thread must
