@@ -291,7 +291,6 @@ def test_worker_pruning_catches_up_when_a_round_hits_its_cap(settings, monkeypat
     assert remaining == [70, 20, 0, 0]
 
 
-
 def test_worker_prunes_at_once_on_a_host_that_just_booted(settings, monkeypatch):
     # time.monotonic() counts from boot: ten seconds of uptime is less than
     # PRUNE_INTERVAL, and the first round must still not wait for it.
@@ -303,6 +302,7 @@ def test_worker_prunes_at_once_on_a_host_that_just_booted(settings, monkeypatch)
     Message.objects.update(status="succeeded", finished_at=timezone.now() - timedelta(hours=1))
     worker_module.Worker(["default"])._maybe_prune()
     assert Message.objects.count() == 0
+
 
 def test_every_worker_thread_keeps_its_debug_query_log_short(run_worker, settings):
     # DEBUG keeps each connection's queries (per thread, up to 9,000): the
