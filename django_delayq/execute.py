@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 import traceback
 import uuid
@@ -36,6 +37,8 @@ from django_delayq.registry import HandlerSpec, registry
 from django_delayq.retry import get_default_policy, resolve_policy
 
 logger = logging.getLogger("django_delayq.worker")
+
+_MAIN_THREAD = threading.main_thread()
 
 
 class Result(enum.StrEnum):
@@ -275,8 +278,17 @@ def execute(
 
         _announce(later, discarded)
         return Result.DISCARDED
-    except (Exception, SystemExit) as exc:
-        return _record_failure(message, token, spec, exc, traceback.format_exc(), using, later)
+    except BaseException as exc:
+        # Not only Exceptions: a handler (or library code under it) may raise
+        # asyncio.CancelledError, KeyboardInterrupt or SystemExit. Any of them
+        # ends the attempt like an error; letting one escape would kill the
+        # executor thread with the message still held and its slot lost.
+        result = _record_failure(message, token, spec, exc, traceback.format_exc(), using, later)
+        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is _MAIN_THREAD:
+            # Only the main thread receives a real Ctrl-C (a worker's handlers
+            # run in executor threads): recorded, and it still interrupts.
+            raise
+        return result
 
     if not spec.atomic and acks is not None:
         acks.add(message, token, time.monotonic() - started)

@@ -564,7 +564,9 @@ class Worker:
         except _GroupLost as lost:
             done = self._rerun(done, lost.ids)
             later = []
-        except Exception:
+        except BaseException:
+            # BaseException: whatever escapes (a signal receiver's
+            # KeyboardInterrupt too) must not kill the executor thread.
             logger.exception(
                 "could not commit the outcome of %d message(s); they will be redelivered "
                 "when their leases expire",
@@ -684,7 +686,7 @@ class Worker:
             # acknowledged one statement each.
             acks = self._acks if isinstance(message, Message) else None
             return execute(message, token, using=self.using, acks=acks)
-        except Exception:
+        except BaseException:
             # The outcome could not be recorded (the database went away): the
             # message keeps its lease and is redelivered when it expires.
             logger.exception(

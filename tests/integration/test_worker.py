@@ -320,3 +320,46 @@ def test_every_worker_thread_keeps_its_debug_query_log_short(run_worker, setting
         len(obj.queries_log) for obj in gc.get_objects() if isinstance(obj, BaseDatabaseWrapper)
     )
     assert longest < 50
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "CancelledError"])
+def test_a_handler_raising_a_base_exception_fails_its_attempt_and_the_worker_goes_on(raised):
+    import threading
+
+    from django_delayq.worker import Worker
+
+    odd = enqueue("default", {"raise": raised}, priority=1, max_attempts=1).message
+    plain = enqueue("default", {}).message
+    worker = Worker(["default"], burst=True, concurrency=1)
+    stats: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: stats.update(worker.run()), daemon=True)
+    thread.start()
+    thread.join(60)
+    if thread.is_alive():
+        worker.stop()
+        thread.join(30)
+        pytest.fail("--burst did not exit: the handler's exception killed its executor")
+    odd.refresh_from_db()
+    plain.refresh_from_db()
+    assert plain.status == "succeeded"
+    # Recorded like any failure: failed at max_attempts.
+    assert (odd.status, odd.attempt_count) == ("failed", 1)
+    assert odd.last_error.startswith(
+        {"KeyboardInterrupt": "KeyboardInterrupt", "CancelledError": "asyncio"}[raised]
+    )
+    assert f"raised by the handler of message {odd.pk}" in odd.last_error
+    assert "Traceback" in odd.last_traceback
+    assert odd.lock_token is None
+    assert stats[Result.FAILED] == 1 and stats[Result.SUCCEEDED] == 1
+
+
+def test_a_keyboard_interrupt_in_the_main_thread_is_recorded_and_still_interrupts():
+    # Handlers run in the main thread only when called directly (the testing
+    # helpers' run_pending): there a Ctrl-C must still stop the caller.
+    message = enqueue("default", {"raise": "KeyboardInterrupt"}).message
+    batch = claim.claim(["default"], 1, worker="test", lease=timedelta(seconds=30))
+    with pytest.raises(KeyboardInterrupt):
+        execute(batch.messages[0], batch.token, using="default")
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("pending", 1)
+    assert message.last_error.startswith("KeyboardInterrupt")

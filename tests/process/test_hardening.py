@@ -121,3 +121,16 @@ def test_worker_survives_its_database_connections_being_terminated(spawn_worker)
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
     assert "Traceback" in worker.output or "reconnect" in worker.output
+
+
+def test_burst_exits_after_a_handler_raised_a_base_exception(spawn_worker):
+    odd = enqueue("default", {"raise": "KeyboardInterrupt"}, priority=1).message
+    plain = enqueue("default", {}).message
+    worker = spawn_worker("--queue", "default", "--burst", "--concurrency", "1")
+    assert worker.wait(timeout=60) == 0, worker.output
+    odd.refresh_from_db()
+    # An ordinary failure: recorded, and retried later by the retry policy.
+    assert (odd.status, odd.attempt_count) == ("pending", 1)
+    assert odd.last_error.startswith("KeyboardInterrupt")
+    assert odd.next_attempt_time > odd.last_attempt_time
+    assert Message.objects.get(pk=plain.pk).status == "succeeded"

@@ -2,9 +2,12 @@
 
 Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 ``retry_in`` (raise Retry on the first attempt), ``discard`` (raise Discard),
-``sleep_attempts`` (only sleep on attempts <= this).
+``sleep_attempts`` (only sleep on attempts <= this), ``raise`` (raise that
+``BaseException``: ``KeyboardInterrupt`` or ``CancelledError``, on attempts <=
+``raise_attempts``).
 """
 
+import asyncio
 import os
 import time
 
@@ -37,6 +40,11 @@ def _run(message, record=True):
         raise Retry(delay=payload["retry_in"], reason="asked to")
     if payload.get("discard"):
         raise Discard(payload["discard"])
+    if payload.get("raise") and message.attempt_count <= int(payload.get("raise_attempts", 99)):
+        # Exceptions that are not Exceptions, as library code may raise them.
+        raise {"KeyboardInterrupt": KeyboardInterrupt, "CancelledError": asyncio.CancelledError}[
+            payload["raise"]
+        ](f"raised by the handler of message {message.pk}")
     if message.attempt_count <= int(payload.get("fail", 0)):
         raise Boom(f"attempt {message.attempt_count} of message {message.pk} failed")
     if execution is not None:
