@@ -270,8 +270,7 @@ def _update_held(
 ) -> Any:
     """Apply ``changes`` to the rows of ``ids`` still held under ``token``, in one statement.
 
-    Returns how many rows changed, or with ``returning`` (where the database
-    has ``UPDATE ... RETURNING``) the set of their ids. Django compiles the
+    Returns how many rows changed, or with ``returning`` the set of their ids. Django compiles the
     SET clause (field preparation, the database clock, ``F()``); the WHERE
     clause is written here once per table, because building it with the ORM
     cost more CPU than the whole round trip: a profile of ``atomic=True``
@@ -287,6 +286,17 @@ def _update_held(
         return set() if returning else 0
     alias = _db(using, model)
     connection = connections[alias]
+    if returning and not _returns_updated_rows(connection.vendor):
+        # MariaDB/MySQL: lock the rows still held (skipping those another
+        # transaction holds, if asked), then change exactly those.
+        with transaction.atomic(using=alias):
+            held = model._base_manager.using(alias).filter(
+                pk__in=ids, lock_token=token, status=Message.Status.RUNNING
+            )
+            mine = set(held.select_for_update(skip_locked=skip_locked).values_list("pk", flat=True))
+            if mine:
+                _update_held(mine, token, changes, using=alias, model=model, same_as=same_as)
+        return mine
     sql, set_params = _set_clause(model, alias, changes, same_as)
     condition = _held_condition(model, connection)
     if connection.vendor == "postgresql":
@@ -366,24 +376,23 @@ def ack_held(
     *,
     using: str | None = None,
     model: type[Model] = Message,
-) -> set[Any]:
-    """Mark messages of several claims succeeded at once; returns the ids still ours.
+) -> set[tuple[Any, uuid.UUID]]:
+    """Mark messages of several claims succeeded at once; returns the (id, token) still ours.
 
-    One statement per lock token (``UPDATE ... RETURNING``), in one
-    transaction when there are several, so the caller learns exactly which
-    acknowledgements took (the others were claimed again after their lease
-    expired). Without ``RETURNING`` (MariaDB/MySQL) the rows still held are
-    locked and read first, then updated.
+    One statement per lock token, in one transaction when there are several,
+    so the caller learns exactly which acknowledgements took (the others
+    were claimed again after their lease expired). Judged per attempt: a
+    worker may hold one row under two tokens (it claimed it again after
+    losing its lease), and only the attempt whose token the row carries is
+    acknowledged.
     """
     alias = _db(using, model)
     if not held:
         return set()
-    if not _returns_updated_rows(connections[alias].vendor):
-        return _ack_held_locking(held, alias, model)
-    mine: set[Any] = set()
+    mine: set[tuple[Any, uuid.UUID]] = set()
     with transaction.atomic(using=alias) if len(held) > 1 else nullcontext():
         for token, ids in held.items():
-            mine |= _update_held(
+            kept = _update_held(
                 ids,
                 token,
                 _succeeded(),
@@ -392,24 +401,7 @@ def ack_held(
                 returning=True,
                 same_as="succeeded",
             )
-    return mine
-
-
-def _ack_held_locking(
-    held: Mapping[uuid.UUID, Collection[Any]], alias: str, model: type[Model]
-) -> set[Any]:
-    held_by = Q()
-    for token, ids in held.items():
-        held_by |= Q(lock_token=token, pk__in=list(ids))
-    rows = model._base_manager.using(alias)
-    with transaction.atomic(using=alias):
-        mine = set(
-            rows.filter(held_by, status=Message.Status.RUNNING)
-            .select_for_update()
-            .values_list("pk", flat=True)
-        )
-        if mine:
-            rows.filter(pk__in=list(mine)).update(**_fit(model, _succeeded()))
+            mine.update((pk, token) for pk in kept)
     return mine
 
 
@@ -511,14 +503,14 @@ def extend(
     *,
     using: str | None = None,
     model: type[Model] = Message,
-) -> int:
-    """Push the lease of messages still held; returns how many were extended.
+) -> set[Any]:
+    """Push the lease of messages still held; returns the ids extended.
 
     Rows locked by another transaction are skipped rather than waited for,
     so the lease keeper never stalls behind an open transaction.
     """
     changes = {"next_attempt_time": clock.sql_now_plus(lease), "updated_at": clock.sql_now()}
-    return int(
+    return set(
         _update_held(
             ids,
             token,
@@ -527,6 +519,19 @@ def extend(
             model=model,
             same_as=("extend", lease),
             skip_locked=True,
+            returning=True,
+        )
+    )
+
+
+def held_ids(
+    ids: Iterable[Any], token: uuid.UUID, *, using: str | None = None, model: type[Model] = Message
+) -> set[Any]:
+    """Which of ``ids`` are still running under ``token`` (a plain read, no lock)."""
+    rows = model._base_manager.using(_db(using, model))
+    return set(
+        rows.filter(pk__in=list(ids), lock_token=token, status=Message.Status.RUNNING).values_list(
+            "pk", flat=True
         )
     )
 

@@ -99,6 +99,16 @@ class HandlerSpec:
         return resolve_policy(queue_policy) if queue_policy else get_default_policy()
 
 
+def max_attempts_of(row: Any, spec: HandlerSpec | None) -> int:
+    """How many attempts ``row`` gets: its own cap, else its handler's, else its queue's."""
+    if row.max_attempts:
+        return int(row.max_attempts)
+    if spec is not None:
+        return spec.effective_max_attempts()
+    config = get_config()
+    return int(config["QUEUES"].get(row.queue, {}).get("MAX_ATTEMPTS", config["MAX_ATTEMPTS"]))
+
+
 class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -128,10 +128,10 @@ def run_pending(
     its queue: ``Attempt.message`` is then the row.
     """
     from django_delayq import claim
-    from django_delayq.execute import Result, execute
     from django_delayq.queues import paused_queues
     from django_delayq.registry import registry
     from django_delayq.worker import resolve_queues
+    from django_delayq.worker.execute import Result, execute
 
     queues = resolve_queues(_queues(queue))
     alias = using or router.db_for_write(Message)

@@ -42,10 +42,9 @@ from django.utils.translation import gettext_lazy
 from django_delayq import clock, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
-from django_delayq.execute import _max_attempts
 from django_delayq.models import Message, due_condition, retrying_condition
 from django_delayq.payload import check_payload
-from django_delayq.registry import registry
+from django_delayq.registry import max_attempts_of, registry
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -146,7 +145,7 @@ def effective_max_attempts(message: Message) -> int:
         spec = registry.lookup(message.queue, message.kind)
     except HandlerNotFound:
         spec = None
-    return _max_attempts(message, spec)
+    return max_attempts_of(message, spec)
 
 
 def status_badge(message: Message) -> SafeString:

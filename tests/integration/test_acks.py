@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from django_delayq import claim, enqueue_many, signals
-from django_delayq.acks import AckBuffer
 from django_delayq.models import Message
+from django_delayq.worker.acks import AckBuffer
 
 
 def claim_three():
@@ -31,7 +31,7 @@ def test_ack_held_acknowledges_only_messages_still_held():
 
     acked = claim.ack_held({held.token: [m.pk for m in held.messages]})
 
-    assert acked == {m.pk for m in held.messages[1:]}
+    assert acked == {(m.pk, held.token) for m in held.messages[1:]}
     statuses = dict(Message.objects.values_list("pk", "status"))
     assert statuses[stolen.pk] == "running"
     assert [statuses[m.pk] for m in held.messages[1:]] == ["succeeded", "succeeded"]

@@ -14,8 +14,8 @@ import pytest
 from django.db import connection, connections
 
 from django_delayq import claim, enqueue, enqueue_many, signals
-from django_delayq.execute import Result
 from django_delayq.models import Message
+from django_delayq.worker.execute import Result
 from tests.testapp.models import Effect
 
 pytestmark = [
@@ -168,7 +168,7 @@ def test_lease_extension_skips_rows_locked_by_an_open_transaction():
         locker.rollback()
         extender.join()
     assert finished, "extend waited for the lock"
-    assert outcome == [1]
+    assert outcome == [set(ids[1:])]
 
 
 def test_a_single_atomic_message_still_commits_alone(run_worker, settings):
@@ -176,3 +176,97 @@ def test_a_single_atomic_message_still_commits_alone(run_worker, settings):
     message = enqueue("atomic-txid", {}).message
     assert run_worker(["atomic-txid"])[Result.SUCCEEDED] == 1
     assert list(txids()) == [message.pk]
+
+
+def _db_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def serving_worker():
+    """Start an in-process serving worker (not --burst) in a thread; stopped at the end."""
+    from django_delayq.worker import Worker
+
+    started = []
+
+    def start(queues, **options):
+        worker = Worker(queues, **options)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(60)
+        assert not thread.is_alive()
+
+
+def test_a_buffered_message_whose_lease_was_lost_never_runs_in_a_group(settings, serving_worker):
+    from tests.conftest import wait_for
+    from tests.testapp.handlers import gate
+
+    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 30}  # one group takes every message
+    arrived, release = gate("first")
+    first = enqueue("atomic-gated", {"gate": "first"}, priority=1).message
+    second = enqueue("atomic-gated", {}).message
+    serving_worker(["atomic-gated"], concurrency=1, batch_size=5)
+    assert arrived.wait(30)
+    # The second message waits in the worker's buffer under the claim's
+    # token. Its lease is lost meanwhile (as when another worker found this
+    # one dead, or after a lease expiry), and this same worker claims it again.
+    stale = Message.objects.get(pk=second.pk).lock_token
+    assert stale is not None
+    Message.objects.filter(pk=second.pk).update(
+        status="pending", lock_token=None, next_attempt_time=_db_now()
+    )
+    wait_for(
+        lambda: (
+            Message.objects.filter(pk=second.pk, status="running").exclude(lock_token=None).exists()
+        ),
+        message="the worker to claim the second message again",
+    )
+    release.set()
+    wait_for(
+        lambda: Message.objects.filter(status="succeeded").count() == 2,
+        message="both messages to succeed",
+    )
+    # Its handler's writes committed once, under the new claim's token.
+    effects = list(Effect.objects.filter(message_id=second.pk).values_list("value", flat=True))
+    assert len(effects) == 1 and effects[0] != str(stale)
+    assert Effect.objects.filter(message_id=first.pk).count() == 1
+
+
+def test_a_group_keeps_the_leases_of_its_finished_members_while_another_runs(
+    settings, serving_worker
+):
+    from tests.conftest import wait_for
+    from tests.testapp.handlers import gate
+
+    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 30}
+    arrived, release = gate("long")
+    short = enqueue("atomic-gated", {}, priority=1).message  # lease: 1 s
+    enqueue("atomic-gated", {"gate": "long"})
+    serving_worker(["atomic-gated"], concurrency=1, batch_size=5)
+    assert arrived.wait(30)
+    # The short message finished first; its acknowledgement waits for the
+    # group's commit. Wait, on the database's clock, until its lease at this
+    # moment has long expired: the keeper must have extended it meanwhile.
+    claimed = Message.objects.get(pk=short.pk)
+    wait_for(
+        lambda: _db_now() > claimed.next_attempt_time + timedelta(seconds=1.5),
+        message="the lease to pass",
+    )
+    now = Message.objects.get(pk=short.pk)
+    release.set()
+    wait_for(
+        lambda: Message.objects.filter(status="succeeded").count() == 2,
+        message="both messages to succeed",
+    )
+    # Still held by its first claim, under a lease that runs.
+    assert (now.status, now.lock_token) == ("running", claimed.lock_token)
+    assert now.next_attempt_time > claimed.next_attempt_time
+    assert Effect.objects.filter(message_id=short.pk).count() == 1

@@ -9,9 +9,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_delayq import claim, enqueue, handler, operations
-from django_delayq.execute import Result
 from django_delayq.models import Message
 from django_delayq.registry import registry
+from django_delayq.worker.execute import Result
 from tests.testapp.models import Execution, Shipment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,7 +75,7 @@ def test_expired_lease_is_claimed_again_and_fences_off_the_old_holder(fake_clock
     assert fresh.messages[0].attempt_count == 2
     # The first holder's outcome, extension and release all match nothing now.
     assert claim.ack([row.pk], stale.token, model=Shipment) == 0
-    assert claim.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == 0
+    assert claim.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == set()
     assert claim.release([row.pk], stale.token, started=True, model=Shipment) == 0
     assert claim.fail(row.pk, stale.token, error="late", retry_at=None, model=Shipment) == 0
     assert Shipment.objects.get(pk=row.pk).locked_by == "w-2"

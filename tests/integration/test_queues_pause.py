@@ -82,15 +82,15 @@ def test_worker_logs_each_transition_once(caplog):
     from django_delayq.worker import Worker
 
     worker = Worker(["default"], burst=True)
-    worker.poll_interval = 0  # read the state on every call
+    worker.claimer.poll_interval = 0  # read the state on every call
     with caplog.at_level(logging.INFO, logger="django_delayq.worker"):
-        assert worker._paused_now() == frozenset()
+        assert worker.claimer.paused_now() == frozenset()
         pause_queue("default")
-        assert worker._paused_now() == {"default"}
-        assert worker._paused_now() == {"default"}
+        assert worker.claimer.paused_now() == {"default"}
+        assert worker.claimer.paused_now() == {"default"}
         resume_queue("default")
-        assert worker._paused_now() == frozenset()
-        assert worker._paused_now() == frozenset()
+        assert worker.claimer.paused_now() == frozenset()
+        assert worker.claimer.paused_now() == frozenset()
     assert caplog.messages == [
         "queue default paused; not claiming from it",
         "queue default resumed",
@@ -104,11 +104,11 @@ def test_worker_reads_the_paused_set_at_most_once_per_poll_interval(
     from django_delayq.worker import Worker
 
     worker = Worker(["default"], burst=True)
-    worker.poll_interval = 3600
-    worker._paused_now()
+    worker.claimer.poll_interval = 3600
+    worker.claimer.paused_now()
     pause_queue("default")
     with django_assert_num_queries(0):
-        assert worker._paused_now() == frozenset()
+        assert worker.claimer.paused_now() == frozenset()
 
 
 @pytest.mark.process

@@ -133,7 +133,7 @@ class QueueMachine(RuleBasedStateMachine):
             ),
             "release_started": lambda: claim.release([pk], token, started=True),
             "release_unstarted": lambda: claim.release([pk], token, started=False),
-            "extend": lambda: claim.extend([pk], token, timedelta(seconds=30)),
+            "extend": lambda: len(claim.extend([pk], token, timedelta(seconds=30))),
         }[op]()
         after = Message.objects.get(pk=pk).as_dict()
         if not holds:

@@ -7,8 +7,8 @@ import pytest
 from django.utils import timezone
 
 from django_delayq import claim, enqueue, enqueue_many
-from django_delayq.execute import Result, execute
 from django_delayq.models import Message
+from django_delayq.worker.execute import Result, execute
 from tests.testapp.models import Effect, Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -187,7 +187,7 @@ def test_stale_token_cannot_ack_fail_extend_or_release():
     ids = [message.pk]
     assert claim.ack(ids, stale.token) == 0
     assert claim.fail(message.pk, stale.token, error="x", retry_at=None) == 0
-    assert claim.extend(ids, stale.token, timedelta(hours=1)) == 0
+    assert claim.extend(ids, stale.token, timedelta(hours=1)) == set()
     assert claim.release(ids, stale.token, started=True) == 0
     assert claim.ack(ids, uuid.uuid4()) == 0
     assert claim.ack(ids, fresh.token) == 1
@@ -226,11 +226,10 @@ def test_lease_is_extended_while_a_long_handler_runs(run_worker, settings):
 
 
 def test_without_extension_a_long_handler_loses_its_lease(run_worker, settings, monkeypatch):
-    from django_delayq.execute import Result
-    from django_delayq.worker import Worker
+    from django_delayq.worker.keeper import Keeper
 
     settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.5}
-    monkeypatch.setattr(Worker, "_extend_leases", lambda self: None)
+    monkeypatch.setattr(Keeper, "extend_leases", lambda self: None)
     message = enqueue("default", {"sleep": 1.5, "sleep_attempts": 1}).message
     stats = run_worker(["default"], concurrency=2)
     # The expired message was claimed again (here by the same worker) and the
@@ -272,7 +271,7 @@ def test_worker_pruning_catches_up_when_a_round_hits_its_cap(settings, monkeypat
     # Ten batches of 5 per round: 120 expired messages need three rounds, and
     # the rounds after a capped one come at once (PRUNE_CATCH_UP set to 0),
     # not an hour later (PRUNE_INTERVAL).
-    from django_delayq import worker as worker_module
+    from django_delayq.worker import Worker, maintenance
 
     settings.DELAYQ = {
         **settings.DELAYQ,
@@ -280,13 +279,13 @@ def test_worker_pruning_catches_up_when_a_round_hits_its_cap(settings, monkeypat
         "PRUNE_BATCH_SIZE": 5,
         "RETENTION": 60,
     }
-    monkeypatch.setattr(worker_module, "PRUNE_CATCH_UP", 0.0)
+    monkeypatch.setattr(maintenance, "PRUNE_CATCH_UP", 0.0)
     enqueue_many("default", [{}] * 120)
     Message.objects.update(status="succeeded", finished_at=timezone.now() - timedelta(hours=1))
-    w = worker_module.Worker(["default"])
+    w = Worker(["default"])
     remaining = []
     for _ in range(4):
-        w._maybe_prune()
+        w.maintenance.run_due()
         remaining.append(Message.objects.count())
     assert remaining == [70, 20, 0, 0]
 
@@ -294,13 +293,13 @@ def test_worker_pruning_catches_up_when_a_round_hits_its_cap(settings, monkeypat
 def test_worker_prunes_at_once_on_a_host_that_just_booted(settings, monkeypatch):
     # time.monotonic() counts from boot: ten seconds of uptime is less than
     # PRUNE_INTERVAL, and the first round must still not wait for it.
-    from django_delayq import worker as worker_module
+    from django_delayq.worker import Worker, maintenance
 
     settings.DELAYQ = {**settings.DELAYQ, "PRUNE_INTERVAL": 3600, "RETENTION": 60}
-    monkeypatch.setattr(worker_module.time, "monotonic", lambda: 10.0)
+    monkeypatch.setattr(maintenance.time, "monotonic", lambda: 10.0)
     enqueue_many("default", [{}] * 3)
     Message.objects.update(status="succeeded", finished_at=timezone.now() - timedelta(hours=1))
-    worker_module.Worker(["default"])._maybe_prune()
+    Worker(["default"]).maintenance.run_due()
     assert Message.objects.count() == 0
 
 

@@ -9,6 +9,7 @@ Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 
 import asyncio
 import os
+import threading
 import time
 
 from django.db import connection
@@ -101,6 +102,29 @@ def atomic_txid_handler(message):
                 "INSERT INTO delayq_test_deferred (v) VALUES (%s)", [message.payload["deferred"]]
             )
     _run(message, record=False)
+
+
+# In-process tests steer handlers through gates: a handler whose payload has
+# {"gate": name} sets ARRIVED[name] and waits for GATES[name] (see gate()).
+GATES: dict[str, threading.Event] = {}
+ARRIVED: dict[str, threading.Event] = {}
+
+
+def gate(name):
+    """(arrived, release): set when the handler reached the gate; set to let it through."""
+    ARRIVED[name], GATES[name] = threading.Event(), threading.Event()
+    return ARRIVED[name], GATES[name]
+
+
+@handler("atomic-gated", atomic=True, lease=1)
+def atomic_gated_handler(message):
+    """Writes an Effect (its attempt's lock token), then waits at its gate, if any."""
+    Effect.objects.create(message_id=message.pk, value=str(message.lock_token))
+    name = message.payload.get("gate")
+    if name:
+        ARRIVED[name].set()
+        if not GATES[name].wait(60):
+            raise TimeoutError(f"gate {name!r} was never opened")
 
 
 @handler("slow", lease=2)

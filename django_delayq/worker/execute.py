@@ -33,7 +33,7 @@ from django_delayq.exceptions import (
 )
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
-from django_delayq.registry import HandlerSpec, registry
+from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
 
 logger = logging.getLogger("django_delayq.worker")
@@ -42,12 +42,18 @@ _MAIN_THREAD = threading.main_thread()
 
 
 class Result(enum.StrEnum):
+    """How an attempt ended, as the worker counts it (and the metrics' ``outcome``)."""
+
     SUCCEEDED = "succeeded"
     RETRYING = "retrying"
     SNOOZED = "snoozed"
     FAILED = "failed"
     DISCARDED = "discarded"
+    # The row was claimed again by then: nothing of this attempt was recorded.
     LEASE_LOST = "lease_lost"
+    # The outcome could not be written (the database failed): the message
+    # keeps its lease and is redelivered when it expires.
+    UNRECORDED = "unrecorded"
 
 
 class _LeaseLost(Exception):
@@ -70,15 +76,6 @@ def describe(exc: BaseException) -> str:
     return _clean(f"{name}: {text}" if text else name)
 
 
-def _max_attempts(message: Message, spec: HandlerSpec | None) -> int:
-    if message.max_attempts:
-        return message.max_attempts
-    if spec is not None:
-        return spec.effective_max_attempts()
-    config = get_config()
-    return int(config["QUEUES"].get(message.queue, {}).get("MAX_ATTEMPTS", config["MAX_ATTEMPTS"]))
-
-
 # A settling statement that lost its connection is sent again this many times
 # (after a reconnect, with a capped backoff) before the message is left to
 # its lease. Sending it twice is harmless: it is a compare-and-set on the
@@ -87,7 +84,7 @@ SETTLE_RETRIES = 4
 SETTLE_BACKOFF_CAP = 2.0
 
 
-def _settle(using: str, write: Callable[[], int]) -> int:
+def settle(using: str, write: Callable[[], int]) -> int:
     """Run one settling statement, reconnecting if the connection was lost."""
     for attempt in range(SETTLE_RETRIES + 1):
         try:
@@ -108,7 +105,7 @@ def _settle(using: str, write: Callable[[], int]) -> int:
 
 def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException) -> timedelta | None:
     """How long until the next attempt after this failure, or None to give up."""
-    if message.attempt_count >= _max_attempts(message, spec):
+    if message.attempt_count >= max_attempts_of(message, spec):
         return None
     if spec is not None:
         policy = spec.effective_retry()
@@ -126,7 +123,7 @@ def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException) 
 
 
 class AckSink(Protocol):
-    """Where a worker collects the acknowledgements it commits together (``acks.py``)."""
+    """Where a worker collects the acknowledgements it commits together (``worker/acks.py``)."""
 
     def add(self, message: Message, token: uuid.UUID, duration: float) -> None: ...
 
@@ -150,7 +147,7 @@ def execute(
     signal are appended to ``later``, to run after that commit. With
     ``group_acks`` too, an atomic handler's success is appended there instead
     of being acknowledged here: the caller acknowledges the group in one
-    statement before its commit (``worker.py``).
+    statement before its commit (``runner.py``).
     """
     try:
         spec: HandlerSpec | None = registry.lookup_for(message)
@@ -161,7 +158,7 @@ def execute(
         return _record_failure(message, token, None, exc, "", using, later)
 
     assert spec is not None
-    limit = _max_attempts(message, spec)
+    limit = max_attempts_of(message, spec)
     if message.attempt_count > limit:
         # The previous attempts ended without an outcome (the worker was
         # killed, or the message outlived its lease): a message that kills its
@@ -170,13 +167,13 @@ def execute(
             f"gave up: attempt {message.attempt_count - 1} of {limit} ended without an "
             "outcome (worker crash or lease expiry)"
         )
-        if not _settle(
+        if not settle(
             using,
             lambda: claim.fail(
                 message.pk, token, error=error, retry_at=None, using=using, model=type(message)
             ),
         ):
-            return _lease_lost(message)
+            return lease_lost(message)
 
         def abandoned() -> None:
             logger.error(
@@ -212,11 +209,11 @@ def execute(
         else:
             spec.func(message)
     except _LeaseLost:
-        return _lease_lost(message)
+        return lease_lost(message)
     except Retry as exc:
         delay = exc.delay
-        cap = _max_attempts(message, spec) + 1
-        if not _settle(
+        cap = max_attempts_of(message, spec) + 1
+        if not settle(
             using,
             lambda: claim.snooze(
                 message.pk,
@@ -227,7 +224,7 @@ def execute(
                 model=type(message),
             ),
         ):
-            return _lease_lost(message)
+            return lease_lost(message)
         duration = time.monotonic() - started
 
         def snoozed(exc: Retry = exc) -> None:
@@ -251,13 +248,13 @@ def execute(
         return Result.SNOOZED
     except Discard as exc:
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
-        if not _settle(
+        if not settle(
             using,
             lambda: claim.fail(
                 message.pk, token, error=error, retry_at=None, using=using, model=type(message)
             ),
         ):
-            return _lease_lost(message)
+            return lease_lost(message)
         duration = time.monotonic() - started
         reason = exc.reason
 
@@ -295,10 +292,10 @@ def execute(
         return Result.SUCCEEDED
     if spec.atomic and group_acks is not None:
         group_acks.append((message, token))
-    if not spec.atomic and not _settle(
+    if not spec.atomic and not settle(
         using, lambda: claim.ack([message.pk], token, using=using, model=type(message))
     ):
-        return _lease_lost(message)
+        return lease_lost(message)
     _announce(later, partial(record_success, message, time.monotonic() - started, using=using))
     return Result.SUCCEEDED
 
@@ -361,7 +358,7 @@ def _record_failure(
 ) -> Result:
     retry_in = _retry_time(message, spec, exc)
     error = describe(exc)
-    if not _settle(
+    if not settle(
         using,
         lambda: claim.fail(
             message.pk,
@@ -375,7 +372,7 @@ def _record_failure(
             skip_locked=skip_locked,
         ),
     ):
-        return _lease_lost(message)
+        return lease_lost(message)
 
     def failed() -> None:
         if retry_in is None:
@@ -434,7 +431,8 @@ def _announce(later: list[Callable[[], None]] | None, announce: Callable[[], Non
         later.append(announce)
 
 
-def _lease_lost(message: Message) -> Result:
+def lease_lost(message: Message) -> Result:
+    """Log an attempt whose row another claim holds now; nothing of it is recorded."""
     logger.warning(
         "message %s (%s/%s): lease lost before the outcome was recorded; "
         "it is left to whoever holds it now",

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import claim
-from django_delayq.execute import Result, _lease_lost, _settle, record_success
 from django_delayq.models import Message
+from django_delayq.worker.execute import lease_lost, record_success, settle
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -107,7 +107,7 @@ class AckBuffer:
         for message, token, _ in batch:
             held[token].append(message.pk)
         try:
-            mine = _settle_ids(self.using, lambda: claim.ack_held(held, using=self.using))
+            mine = _settle_pairs(self.using, lambda: claim.ack_held(held, using=self.using))
         except DatabaseError:
             # As when a single acknowledgement cannot be recorded: the
             # messages keep their lease and are redelivered when it expires.
@@ -118,25 +118,24 @@ class AckBuffer:
             )
             connections[self.using].close()
             return
-        for message, _, duration in batch:
-            if message.pk in mine:
+        for message, token, duration in batch:
+            if (message.pk, token) in mine:
                 record_success(message, duration, using=self.using)
             else:
-                _lease_lost(message)
+                lease_lost(message)
                 if self.on_lost is not None:
                     self.on_lost(message)
 
 
-def _settle_ids(using: str, write: Callable[[], set[int]]) -> set[int]:
-    found: set[int] = set()
+def _settle_pairs(
+    using: str, write: Callable[[], set[tuple[int, uuid.UUID]]]
+) -> set[tuple[int, uuid.UUID]]:
+    found: set[tuple[int, uuid.UUID]] = set()
 
     def run() -> int:
         found.clear()
         found.update(write())
         return len(found)
 
-    _settle(using, run)
+    settle(using, run)
     return found
-
-
-__all__ = ["AckBuffer", "Result"]

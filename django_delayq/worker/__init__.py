@@ -1,0 +1,355 @@
+"""The worker behind ``manage.py run_delayq``, split the way its jobs are.
+
+* :mod:`~django_delayq.worker.claimer` (the main thread): claims batches for
+  free handler slots, lane by lane, and sleeps when nothing is due;
+* :mod:`~django_delayq.worker.runner` (executor threads): runs handlers,
+  alone or in groups of atomic handlers, through
+  :mod:`~django_delayq.worker.execute`, which records each outcome
+  (:mod:`~django_delayq.worker.acks` commits successes in batches);
+* :mod:`~django_delayq.worker.keeper` (a thread): extends leases, enforces
+  time limits, records the heartbeat;
+* :mod:`~django_delayq.worker.maintenance` (from the main thread's loop):
+  pruning, cron ticks, the messages of dead workers.
+
+They share one :class:`~django_delayq.worker.inflight.Book` of what the
+worker holds. :class:`Worker` builds them from the settings and owns start
+and stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections import Counter
+from datetime import timedelta
+from types import FrameType
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, reset_queries, router
+
+from django_delayq import claim, liveness
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.models import Message
+from django_delayq.registry import HandlerSpec, registry
+from django_delayq.worker.acks import AckBuffer
+from django_delayq.worker.claimer import Claimer
+from django_delayq.worker.inflight import Book, InFlight, Lane
+from django_delayq.worker.keeper import Keeper
+from django_delayq.worker.maintenance import Maintenance
+from django_delayq.worker.runner import Done, Runner
+from django_delayq.worker.wakeup import Waker
+
+logger = logging.getLogger("django_delayq.worker")
+
+__all__ = ["Worker", "resolve_queues", "worker_name"]
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def resolve_queues(queues: list[str] | None) -> list[str]:
+    """The queues to consume; each must have a handler (checked at start-up)."""
+    known = registry.queues()
+    if not queues:
+        if not known:
+            raise ImproperlyConfigured(
+                "no message handlers are registered; define them with @handler in an "
+                "installed app's handlers.py"
+            )
+        return known
+    missing = [q for q in queues if q not in known]
+    if missing:
+        raise ImproperlyConfigured(
+            f"no handler is registered for queue(s) {', '.join(map(repr, missing))}; "
+            f"known queues: {', '.join(known) or 'none'}"
+        )
+    return list(dict.fromkeys(queues))
+
+
+def make_lanes(queues: list[str], specs: list[HandlerSpec], concurrency: int) -> list[Lane]:
+    """One shared lane, plus one per queue with a concurrency cap or a model of its own."""
+    caps: dict[str, int] = {}
+    queue_overrides = get_config()["QUEUES"]
+    for queue in queues:
+        cap = queue_overrides.get(queue, {}).get("CONCURRENCY")
+        for spec in specs:
+            if spec.queue == queue and spec.concurrency:
+                cap = min(cap or spec.concurrency, spec.concurrency)
+        if cap:
+            caps[queue] = min(int(cap), concurrency)
+    models = {s.queue: s.model for s in specs if s.model is not None}
+    shared = [q for q in queues if q not in caps and q not in models]
+    lanes = [Lane(shared, concurrency)] if shared else []
+    lanes += [
+        Lane([q], caps.get(q, concurrency), model=models.get(q, Message))
+        for q in queues
+        if q in caps or q in models
+    ]
+    return lanes
+
+
+class Worker:
+    def __init__(
+        self,
+        queues: list[str] | None = None,
+        *,
+        concurrency: int | None = None,
+        batch_size: int | None = None,
+        burst: bool = False,
+        using: str | None = None,
+        name: str | None = None,
+        shutdown_grace: timedelta | float | None = None,
+        metrics_port: int | None = None,
+        metrics_address: str | None = None,
+    ) -> None:
+        config = get_config()
+        self.queues = resolve_queues(queues)
+        self.concurrency = int(concurrency or config["CONCURRENCY"])
+        batch = batch_size or config["BATCH_SIZE"]
+        if self.concurrency < 1 or (batch is not None and int(batch) < 1):
+            raise ValueError("concurrency and batch size must be positive")
+        self.burst = burst
+        self.using = using or router.db_for_write(Message)
+        self.name = name or worker_name()
+        self.poll_interval = to_timedelta(config["POLL_INTERVAL"]).total_seconds()
+        self.shutdown_grace = to_timedelta(
+            config["SHUTDOWN_GRACE"] if shutdown_grace is None else shutdown_grace
+        ).total_seconds()
+        specs = [s for q in self.queues for s in registry.for_queue(q)]
+        default_lease = to_timedelta(config["LEASE"])
+        leases = {(s.queue, s.kind): s.effective_lease() for s in specs}
+        time_limits = {(s.queue, s.kind): s.effective_time_limit() for s in specs}
+        self.book = Book(make_lanes(self.queues, specs, self.concurrency))
+        self.claimer = Claimer(
+            self.book,
+            name=self.name,
+            queues=self.queues,
+            using=self.using,
+            batch_size=None if batch is None else int(batch),
+            poll_interval=self.poll_interval,
+            default_lease=default_lease,
+            leases=leases,
+            time_limits=time_limits,
+        )
+        self.maintenance = Maintenance(self.book, name=self.name, using=self.using, burst=burst)
+        self.keeper = Keeper(
+            self.book,
+            name=self.name,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            using=self.using,
+            leases=[*leases.values(), default_lease],
+            time_limits=[t for t in time_limits.values() if t is not None],
+            heartbeat_interval=to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds(),
+            replace_executor=lambda thread: self.runner.replace(thread),
+            processed=self._processed,
+            on_database_error=self._database_error,
+        )
+        self.runner: Runner  # built by run(): its acknowledgements need the connection
+        self._force = False
+        # Bumped on every database error seen by the claim loop or the keeper:
+        # executors then check their connection before the next handler.
+        self._db_failures = 0
+        self.metrics = None
+        port = config["METRICS_PORT"] if metrics_port is None else metrics_port
+        if port:
+            from django_delayq.metrics import WorkerMetrics
+
+            self.metrics = WorkerMetrics(
+                port=int(port),
+                address=config["METRICS_ADDRESS"] if metrics_address is None else metrics_address,
+                interval=to_timedelta(config["METRICS_INTERVAL"]),
+                queues=self.queues,
+                using=self.using,
+            )
+
+    @property
+    def stats(self) -> Counter[str]:
+        return self.book.stats
+
+    # -- control --------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.book.stopping:
+            logger.warning(
+                "second %s: not waiting for running handlers", signal.Signals(signum).name
+            )
+            self._force = True
+        else:
+            logger.info(
+                "%s received: finishing running messages (up to %.0f s), claiming no more",
+                signal.Signals(signum).name,
+                self.shutdown_grace,
+            )
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers get the grace period to finish."""
+        self.book.stop()
+        if self.claimer.waker is not None:
+            self.claimer.waker.poke()
+
+    # -- main loop ------------------------------------------------------------
+
+    def run(self) -> Counter[str]:
+        config = get_config()
+        if self.metrics is not None:
+            self.metrics.start(self.name)
+        waker = self.claimer.waker = Waker(
+            self.using, self.queues, listen=config["NOTIFY"] and not self.burst
+        )
+        acks = None
+        if config["ACK_DELAY"] is not None and connections[self.using].vendor == "postgresql":
+            acks = AckBuffer(
+                self.using,
+                max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),
+                on_lost=self._ack_lost,
+            )
+        self.runner = Runner(
+            self.book,
+            using=self.using,
+            acks=acks,
+            group_window=None if acks is None else acks.max_delay,
+            settled=self._settled,
+            database_failures=lambda: self._db_failures,
+        )
+        logger.info(
+            "worker %s consuming %s (concurrency %s, batch %s%s)",
+            self.name,
+            ", ".join(self.queues),
+            self.concurrency,
+            "adaptive" if self.claimer.adaptive else self.claimer.batch_size,
+            ", burst" if self.burst else ", LISTEN/NOTIFY" if waker.listening else ", polling",
+        )
+        try:
+            self.keeper.register()
+        except DatabaseError:
+            logger.warning("could not record this worker's heartbeat yet", exc_info=True)
+            connections[self.using].close()
+        self.runner.start(self.concurrency)
+        self.keeper.start()
+        errors = 0
+        try:
+            while not self.book.stopping:
+                # DEBUG's query log is per thread and per connection: each of
+                # the worker's threads empties its own.
+                reset_queries()
+                try:
+                    if self.metrics is not None:
+                        self.metrics.loop()
+                    self.maintenance.run_due()
+                    claimed = self.claimer.claim_round()
+                    if errors:
+                        logger.warning(
+                            "database reachable again after %d failed attempt(s)", errors
+                        )
+                    errors = 0
+                    if claimed:
+                        continue
+                    idle = self.book.idle()
+                    if self.burst and idle:
+                        break
+                    self.claimer.idle_wait(busy=not idle)
+                except DatabaseError:
+                    # Lost connection, restarted server, failover: reconnect
+                    # with a capped exponential backoff; the worker never
+                    # exits for it, and what it holds stays leased meanwhile.
+                    errors += 1
+                    self._database_error()
+                    backoff = min(30.0, 0.5 * 2 ** min(errors, 6))
+                    logger.warning(
+                        "database error while claiming; reconnecting in %.1f s",
+                        backoff,
+                        exc_info=True,
+                    )
+                    connections[self.using].close()
+                    waker.wait(backoff)
+        finally:
+            self._shutdown(acks)
+            if self.metrics is not None:
+                self.metrics.stop()
+        return self.stats
+
+    # -- callbacks of the parts -----------------------------------------------
+
+    def _database_error(self) -> None:
+        self._db_failures += 1
+
+    def _processed(self, item: InFlight, result: str, elapsed: float) -> None:
+        if self.metrics is not None:
+            self.metrics.processed(item.row.queue, result, elapsed)
+
+    def _settled(self, done: Done) -> None:
+        """Bookkeeping once outcomes are committed (or known to be lost)."""
+        wake = self.book.settle(
+            ((item, result) for item, result, _ in done), self.claimer.batch_for
+        )
+        for item, result, elapsed in done:
+            self._processed(item, result, elapsed)
+        if wake and self.claimer.waker is not None:
+            self.claimer.waker.poke()
+
+    def _ack_lost(self, message: Message) -> None:
+        """A batched acknowledgement found the message claimed again."""
+        self.book.count("succeeded", -1)
+        self.book.count("lease_lost")
+
+    # -- shutdown -------------------------------------------------------------
+
+    def _release(self, items: list[InFlight], *, started: bool) -> int:
+        groups: dict[tuple[object, type], list[int]] = {}
+        for item in items:
+            groups.setdefault((item.token, item.lane.model), []).append(item.row.pk)
+        released = 0
+        for (token, model), ids in groups.items():
+            try:
+                released += claim.release(
+                    ids,
+                    token,  # type: ignore[arg-type]
+                    started=started,
+                    using=self.using,
+                    model=model,
+                )
+            except DatabaseError:
+                logger.warning(
+                    "could not release %d message(s); they wait for their lease",
+                    len(ids),
+                    exc_info=True,
+                )
+        return released
+
+    def _shutdown(self, acks: AckBuffer | None) -> None:
+        waiting = self.book.drain_queued()
+        if waiting:
+            count = self._release(waiting, started=False)
+            logger.info("released %d claimed but unstarted message(s)", count)
+        deadline = time.monotonic() + self.shutdown_grace
+        self.runner.join(deadline, force=lambda: self._force)
+        leftover = self.book.drain()
+        if leftover:
+            count = self._release(leftover, started=True)
+            logger.warning(
+                "released %d message(s) still running after the grace period; "
+                "they will be redelivered",
+                count,
+            )
+        if acks is not None:
+            acks.close()
+        self.keeper.stop()
+        try:
+            liveness.mark_stopped(self.name, using=self.using)
+        except DatabaseError:
+            logger.warning("could not record this worker's stop", exc_info=True)
+        if self.claimer.waker is not None:
+            self.claimer.waker.close()
+        connections.close_all()
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items()))
+        logger.info("worker %s stopped: %s", self.name, summary or "nothing processed")

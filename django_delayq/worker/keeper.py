@@ -1,0 +1,163 @@
+"""The keeper: leases, time limits and the heartbeat of one worker, in a thread of its own.
+
+A held message stays invisible to other workers only while its lease runs,
+so the keeper pushes the lease of everything this worker holds every third
+of the shortest lease; a crashed process stops doing so, and its messages
+come back after one lease. It also fails attempts that run past their
+handler's ``time_limit`` (Python cannot stop the thread: the token changes,
+which fences off the late outcome, and a fresh executor takes the slot) and
+records the heartbeat by which other workers tell this one is alive.
+
+The keeper never waits for a lock: extensions skip rows that another
+transaction holds (a group of atomic handlers still open), so it cannot fall
+behind a slow handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+from datetime import timedelta
+
+from django.db import DatabaseError, connections, reset_queries
+
+from django_delayq import claim, liveness
+from django_delayq.logs import message_fields
+from django_delayq.worker.execute import record_time_limit
+from django_delayq.worker.inflight import Book, InFlight, Phase
+
+logger = logging.getLogger("django_delayq.worker")
+
+# The keeper's tick, however short the leases and time limits are.
+MIN_INTERVAL = 0.05
+
+
+class Keeper:
+    def __init__(
+        self,
+        book: Book,
+        *,
+        name: str,
+        queues: Collection[str],
+        concurrency: int,
+        using: str,
+        leases: Collection[timedelta],
+        time_limits: Collection[timedelta],
+        heartbeat_interval: float,
+        replace_executor: Callable[[threading.Thread | None], None],
+        processed: Callable[[InFlight, str, float], None],
+        on_database_error: Callable[[], None],
+    ) -> None:
+        self.book = book
+        self.name = name
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.using = using
+        self.extend_every = max(MIN_INTERVAL, min(leases).total_seconds() / 3)
+        self.limits = [t.total_seconds() for t in time_limits]
+        self.heartbeat_interval = heartbeat_interval
+        self.interval = max(
+            MIN_INTERVAL,
+            min(self.extend_every, heartbeat_interval, *(t / 4 for t in self.limits)),
+        )
+        self._replace_executor = replace_executor
+        self._processed = processed
+        self._on_database_error = on_database_error
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="delayq-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def register(self) -> None:
+        liveness.register(
+            self.name, queues=self.queues, concurrency=self.concurrency, using=self.using
+        )
+
+    def _loop(self) -> None:
+        next_extend = next_beat = time.monotonic()
+        try:
+            while not self._stop.wait(self.interval):
+                reset_queries()  # DEBUG's query log of this thread's connection
+                now = time.monotonic()
+                try:
+                    if self.limits:
+                        self.enforce_time_limits()
+                    if now >= next_extend:
+                        next_extend = now + self.extend_every
+                        self.extend_leases()
+                    if now >= next_beat:
+                        next_beat = now + self.heartbeat_interval
+                        if not liveness.beat(self.name, using=self.using):
+                            self.register()
+                except DatabaseError:
+                    logger.warning(
+                        "could not extend leases or record the heartbeat; reconnecting",
+                        exc_info=True,
+                    )
+                    self._on_database_error()
+                    connections[self.using].close()
+        finally:
+            connections.close_all()
+
+    def extend_leases(self) -> None:
+        """Push the lease of every held attempt; drop queued ones that turn out lost."""
+        for (token, lease, model), items in self.book.leases().items():
+            ids = [item.row.pk for item in items]
+            kept = claim.extend(ids, token, lease, using=self.using, model=model)
+            if len(kept) == len(ids):
+                continue
+            missed = [item for item in items if item.row.pk not in kept]
+            # A row the keeper skipped because another transaction locks it
+            # is not lost; only one that is no longer running under this
+            # token is. Settling rows are locked by their own group (a
+            # failure written in it) and are decided by its commit.
+            suspects = [item for item in missed if item.phase is not Phase.SETTLING]
+            if not suspects:
+                continue
+            ours = claim.held_ids(
+                [item.row.pk for item in suspects], token, using=self.using, model=model
+            )
+            lost = [item for item in suspects if item.row.pk not in ours]
+            if lost and self.book.lost(lost):
+                logger.warning(
+                    "%d held message(s) were no longer ours when extending their lease "
+                    "(claimed again after their lease expired?)",
+                    len(lost),
+                )
+
+    def enforce_time_limits(self) -> None:
+        """Fail attempts that ran past their handler's ``time_limit``.
+
+        The failure is recorded under the attempt's token, which fences off
+        its late outcome; the lease is no longer extended; a new executor
+        thread takes the slot so the worker keeps its full concurrency.
+        """
+        now = time.monotonic()
+        for item in self.book.late(now):
+            assert item.time_limit is not None
+            started = item.started_at
+            result = record_time_limit(item.row, item.token, item.time_limit, using=self.using)
+            if not self.book.take_late(item):
+                continue  # it finished meanwhile; its own outcome won the race
+            self._replace_executor(item.thread)
+            if started is not None:
+                self._processed(item, result, now - started)
+            message = item.row
+            logger.error(
+                "message %s (%s/%s) ran past its time limit of %s: attempt %s, %s; "
+                "its handler's late outcome will be discarded",
+                message.pk,
+                message.queue,
+                message.key,
+                item.time_limit,
+                message.attempt_count,
+                result,
+                extra=message_fields(message, outcome=result),
+            )

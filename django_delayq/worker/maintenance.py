@@ -1,0 +1,110 @@
+"""Maintenance a worker does beside consuming: pruning, cron ticks, dead workers.
+
+Each task runs on its own interval from the claim loop, and none may stop
+the worker from consuming: a failing task is logged as a maintenance error
+(with its connection dropped if the database failed) and tried again at its
+next turn.
+
+* Pruning deletes expired finished messages every ``PRUNE_INTERVAL``, a few
+  batches at a time; a round that hit its cap is followed by another after
+  ``PRUNE_CATCH_UP`` rather than a whole interval, so pruning keeps pace with
+  any steady rate of messages while no single round blocks claiming for long.
+* Every worker installs the next ticks of every cron schedule every
+  ``CRON_INSTALL_INTERVAL``; duplicates are impossible (``scheduling.py``).
+* Every ``HEARTBEAT_INTERVAL``, the running messages of workers whose
+  heartbeat stopped are handed back (``liveness.release_dead``), so they are
+  redelivered within seconds rather than at the end of their leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import DatabaseError, connections
+
+from django_delayq import liveness, retention, scheduling
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.worker.inflight import Book
+
+logger = logging.getLogger("django_delayq.worker")
+
+# Pruning: batches per round, and the pause before the next round when a
+# round found more to delete than that.
+PRUNE_BATCHES = 10
+PRUNE_CATCH_UP = 1.0
+
+
+@dataclass
+class _Task:
+    name: str
+    interval: float
+    run: Callable[[], float | None]  # returns how long until the next run, if not interval
+    # The first run is due at once, however briefly the host has been up.
+    due: float = float("-inf")
+
+
+class Maintenance:
+    def __init__(self, book: Book, *, name: str, using: str, burst: bool) -> None:
+        self.book = book
+        self.name = name
+        self.using = using
+        config = get_config()
+        self.tasks: list[_Task] = []
+        if config["PRUNE_INTERVAL"] is not None and not burst:
+            interval = to_timedelta(config["PRUNE_INTERVAL"]).total_seconds()
+            self.tasks.append(_Task("prune finished messages", interval, self.prune))
+        self.tasks.append(
+            _Task(
+                "install cron ticks",
+                to_timedelta(config["CRON_INSTALL_INTERVAL"]).total_seconds(),
+                self.install_schedules,
+            )
+        )
+        self.tasks.append(
+            _Task(
+                "release the messages of dead workers",
+                to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds(),
+                self.release_dead,
+            )
+        )
+
+    def run_due(self) -> None:
+        """Run every task whose turn has come; a failure waits for the task's next turn."""
+        for task in self.tasks:
+            now = time.monotonic()
+            if now < task.due:
+                continue
+            task.due = now + task.interval
+            try:
+                sooner = task.run()
+            except Exception as exc:
+                logger.warning(
+                    "maintenance error (%s); trying again in %.0f s",
+                    task.name,
+                    task.interval,
+                    exc_info=True,
+                )
+                if isinstance(exc, DatabaseError):
+                    connections[self.using].close()
+                continue
+            if sooner is not None:
+                task.due = time.monotonic() + sooner
+
+    def prune(self) -> float | None:
+        deleted = retention.prune(max_batches=PRUNE_BATCHES, using=self.using)
+        if deleted:
+            logger.info("pruned %d finished message(s)", deleted)
+        if deleted >= PRUNE_BATCHES * int(get_config()["PRUNE_BATCH_SIZE"]):
+            return PRUNE_CATCH_UP
+        return None
+
+    def install_schedules(self) -> None:
+        scheduling.install_schedules(using=self.using)
+
+    def release_dead(self) -> None:
+        released = sum(liveness.release_dead(self.name, using=self.using).values())
+        if released:
+            self.book.count("released_from_dead", released)
