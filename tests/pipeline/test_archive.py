@@ -223,3 +223,63 @@ def test_dry_run_reports_what_would_move_and_changes_nothing(tmp_path: Path) -> 
     assert "  mail: 6 (finished" in output
     assert table_ids() == before
     assert not dest.exists()
+
+
+def test_a_second_run_cannot_start_while_the_first_holds_the_lock(tmp_path: Path) -> None:
+    """Even from the same process (on PostgreSQL the same Django connection)."""
+    old = populate()
+    dest = tmp_path / "arch"
+    tried: list[str] = []
+
+    def second_run(stage: str) -> None:
+        if stage == "published":  # the first run is about to delete
+            tried.append(stage)
+            with pytest.raises(PipelineError, match="another delayq_pipeline archive is running"):
+                archive(dest)
+
+    summary = archive(dest, second_run)
+    assert tried == ["published"]
+    assert (summary.archived, summary.deleted, summary.recovered_runs) == (12, 12, 0)
+    assert not table_ids() & set(old)
+
+
+def lose_the_lock() -> None:
+    """What a server or an operator can do to a run: the lock goes away under it."""
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        with psycopg.connect(**database.target("default").params, autocommit=True) as admin:
+            pids = [
+                pid
+                for (pid,) in admin.execute(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND objid = (hashtext(%s)::bigint & 4294967295)::oid",
+                    [database.ARCHIVE_LOCK],
+                )
+            ]
+            assert len(pids) == 1, pids
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", [pids[0]])
+    else:  # the lock file removed: a second run would lock a new one
+        os.unlink(f"{connection.settings_dict['NAME']}.delayq-archive.lock")
+
+
+@pytest.mark.parametrize("stage", ["verified", "planned", "published"])
+def test_a_lost_lock_stops_the_run_before_it_deletes(
+    stage: str, tmp_path: Path, read_archive: Any
+) -> None:
+    old = populate()
+    dest = tmp_path / "arch"
+
+    def lose(at: str) -> None:
+        if at == stage:
+            lose_the_lock()
+
+    with pytest.raises(PipelineError, match="lost its lock") as caught:
+        archive(dest, lose)
+    assert "nothing more was deleted" in str(caught.value)
+    assert table_ids() >= set(old)
+
+    summary = archive(dest)  # the next run completes (or redoes) the stopped one
+    assert [r["id"] for r in read_archive(dest)] == old
+    assert not table_ids() & set(old)
+    assert summary.recovered_runs == (0 if stage == "verified" else 1)

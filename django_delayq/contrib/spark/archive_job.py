@@ -23,7 +23,11 @@ both, never neither. The next run first rolls its database's unfinished runs
 forward: one without a plan is discarded (nothing of it was published or
 deleted); one with a plan is published and deleted to the end. Only then does
 it select, so rows archived by the interrupted run are not archived twice. A
-lock per database (``database.archive_lock``) keeps two runs apart.
+lock per database (``database.archive_lock``) keeps two runs apart; it is
+checked before each step that writes the plan, publishes, deletes or closes
+the journal, and a run that lost it (its PostgreSQL connection ended, say)
+stops there with :class:`database.ArchiveLockLost`, for the next run to
+complete.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ JOURNAL = "_delayq/runs"
 STAGES = ("staged", "verified", "planned", "publishing", "published", "deleted")
 
 StageHook = Callable[[str], None]
+# The run's lock check (``ArchiveLock.check``), given the step about to start.
+LockCheck = Callable[[str], None]
 
 
 class ArchiveError(Exception):
@@ -189,11 +195,14 @@ def dry_run(options: ArchiveOptions) -> ArchiveSummary:
 class _Run:
     """One run's journal and steps; also how an interrupted run is rolled forward."""
 
-    def __init__(self, spark: SparkSession, storage: Storage, alias: str, run_id: str) -> None:
+    def __init__(
+        self, spark: SparkSession, storage: Storage, alias: str, run_id: str, check: LockCheck
+    ) -> None:
         self.spark = spark
         self.storage = storage
         self.alias = alias
         self.id = run_id
+        self.check = check  # raises if the run's lock is gone; before each destructive step
         self.dir = f"{JOURNAL}/{run_id}"
         self.staging = f"{self.dir}/staging"
 
@@ -261,11 +270,14 @@ class _Run:
     def finish(self, files: list[str], on_stage: StageHook) -> tuple[int, int]:
         """Steps 4-6 from a written plan: safe to repeat after any interruption."""
         if not self.storage.exists(self.path("published.json")):
+            self.check(f"publishing run {self.id}")
             self.publish(files, on_stage)
             self.storage.write_json(self.path("published.json"), {"files": len(files)})
         on_stage("published")
+        self.check(f"deleting the rows archived by run {self.id}")
         deleted, kept = self.delete(files)
         on_stage("deleted")
+        self.check(f"closing the journal of run {self.id}")
         self.storage.write_json(
             self.path("done.json"),
             {"deleted": deleted, "kept": kept, "finished": clock.now().isoformat()},
@@ -295,13 +307,13 @@ def _normalise(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def recover(
-    spark: SparkSession, storage: Storage, alias: str, on_stage: StageHook
+    spark: SparkSession, storage: Storage, alias: str, on_stage: StageHook, check: LockCheck
 ) -> tuple[int, int]:
     """Roll forward this database's interrupted runs; (runs completed, rows deleted)."""
     identity = database.identity(alias)
     runs = deleted = 0
     for run_id in storage.list_dirs(JOURNAL):
-        run = _Run(spark, storage, alias, run_id)
+        run = _Run(spark, storage, alias, run_id, check)
         if storage.exists(run.path("done.json")):
             continue
         if not storage.exists(run.path("run.json")):
@@ -309,6 +321,7 @@ def recover(
         if storage.read_json(run.path("run.json")).get("database") != identity:
             continue  # another database's run: its own next run completes it
         if not storage.exists(run.path("plan.json")):
+            check(f"discarding unplanned run {run_id}")
             storage.delete(run.dir)  # nothing of it was published, nothing deleted
             continue
         plan = storage.read_json(run.path("plan.json"))
@@ -328,8 +341,8 @@ def run_archive(
     started = time.perf_counter()
     storage = Storage(spark, options.dest)
     storage.check_writable()
-    with database.archive_lock(alias):
-        recovered_runs, recovered_deleted = recover(spark, storage, alias, hook)
+    with database.archive_lock(alias) as lock:
+        recovered_runs, recovered_deleted = recover(spark, storage, alias, hook, lock.check)
         cutoff = cutoff_for(options)
         bounds = _selection(options, cutoff).aggregate(
             rows=Count("id"), lower=Min("id"), upper=Max("id")
@@ -347,7 +360,7 @@ def run_archive(
             return replace(summary, seconds=time.perf_counter() - started)
 
         run_id = f"{clock.now():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-        run = _Run(spark, storage, alias, run_id)
+        run = _Run(spark, storage, alias, run_id, lock.check)
         storage.write_json(
             run.path("run.json"),
             {"database": database.identity(alias), "cutoff": cutoff.isoformat()},
@@ -366,6 +379,7 @@ def run_archive(
             storage.delete(run.dir)
             return replace(summary, seconds=time.perf_counter() - started)
         files = storage.list_files(run.staging)
+        lock.check(f"writing the plan of run {run_id}")
         storage.write_json(run.path("plan.json"), {"files": files, "expected": expected})
         hook("planned")
         spark.sparkContext.setJobDescription(f"delayq archive {run_id}: delete")

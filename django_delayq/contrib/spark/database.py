@@ -189,34 +189,139 @@ def delete_plan(alias: str) -> DeletePlan:
     return DeletePlan(target(alias), table(alias))
 
 
+class ArchiveLockLost(PipelineError):
+    """The archive lock went away during a run: the run stopped before its next step."""
+
+
+# The lock's own connection notices a dead peer within about a minute
+# (OPTIONS of the database win over these).
+LOCK_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10}
+# One row if this session holds the advisory lock on the bigint hashtext(name):
+# pg_locks shows such a key as classid (high 32 bits), objid (low), objsubid 1.
+_LOCK_HELD = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND pid = pg_backend_pid() AND objsubid = 1 "
+    "AND classid = ((hashtext(%(name)s)::bigint >> 32) & 4294967295)::oid "
+    "AND objid = (hashtext(%(name)s)::bigint & 4294967295)::oid"
+)
+
+
+class ArchiveLock:
+    """One archive run's hold on its database; :meth:`check` before each destructive step."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def _lost(self, why: str, step: str) -> ArchiveLockLost:
+        return ArchiveLockLost(
+            f"the archive run lost its lock on database {self.alias!r} ({why}) before "
+            f"{step}; it stopped there and nothing more was deleted. Another run may have "
+            "started meanwhile; run the archive again: it completes this run from its journal"
+        )
+
+    def check(self, step: str) -> None:
+        """Raise :class:`ArchiveLockLost` unless the lock is still this run's."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
+class _AdvisoryLock(ArchiveLock):
+    """PostgreSQL: a session advisory lock on a connection of its own.
+
+    Not on Django's connection: that one runs the run's own queries, may be
+    closed and silently reopened by Django (taking the lock with it, unseen),
+    and a nested run in the same thread would take the same session lock
+    again. This connection does nothing but hold the lock and answer
+    :meth:`check`: if the server ends it (idle timeout, ``pg_terminate_backend``,
+    a failover), the next check fails instead of the run going on unlocked.
+    """
+
+    def __init__(self, alias: str) -> None:
+        import psycopg
+
+        super().__init__(alias)
+        self._errors: type[Exception] = psycopg.Error
+        params = {**LOCK_KEEPALIVES, **target(alias).params}
+        self.conn = psycopg.connect(**params, autocommit=True)
+        try:
+            if self.conn.info.server_version >= 140000:
+                # Idle for as long as Spark works: the server's idle timeout must not end it.
+                self.conn.execute("SET idle_session_timeout = 0")
+            row = self.conn.execute(
+                "SELECT pg_try_advisory_lock(hashtext(%s))", [ARCHIVE_LOCK]
+            ).fetchone()
+        except BaseException:
+            self.conn.close()
+            raise
+        if not (row and row[0]):
+            self.conn.close()
+            raise _busy(alias)
+
+    def check(self, step: str) -> None:
+        try:
+            row = self.conn.execute(_LOCK_HELD, {"name": ARCHIVE_LOCK}).fetchone()
+        except self._errors as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise self._lost(f"its connection failed: {reason}", step) from exc
+        if not (row and row[0]):
+            raise self._lost("the server no longer shows it held", step)
+
+    def release(self) -> None:
+        self.conn.close()  # the session ends, and its advisory locks with it
+
+
+class _FileLock(ArchiveLock):
+    """SQLite: an ``flock`` on a file beside the database, held by this process."""
+
+    def __init__(self, alias: str, path: Path) -> None:
+        super().__init__(alias)
+        self.path = path
+        self.handle = open(path, "a")  # noqa: SIM115 (closed by release)
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise _busy(alias) from None
+
+    def check(self, step: str) -> None:
+        # A lock file removed (or replaced) lets another run lock a new one.
+        try:
+            same = os.path.samestat(os.fstat(self.handle.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise self._lost(f"{self.path} was removed or replaced", step)
+
+    def release(self) -> None:
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+        finally:
+            self.handle.close()
+
+
+def _busy(alias: str) -> PipelineError:
+    return PipelineError(f"another delayq_pipeline archive is running on database {alias!r}")
+
+
 @contextmanager
-def archive_lock(alias: str) -> Iterator[None]:
+def archive_lock(alias: str) -> Iterator[ArchiveLock]:
     """One archive run per database at a time, released even if the process is killed.
 
-    PostgreSQL: a session advisory lock on Django's connection. SQLite: an
-    ``flock`` on a file beside the database. Both go away with the process,
-    so a killed run never leaves a stale lock for the re-run to trip over.
+    PostgreSQL: a session advisory lock on a dedicated connection
+    (:class:`_AdvisoryLock`). SQLite: an ``flock`` on a file beside the
+    database. Both go away with the process, so a killed run never leaves a
+    stale lock for the re-run to trip over. The run calls ``check`` before
+    each step that publishes, deletes or closes its journal.
     """
     connection = connections[alias]
-    busy = PipelineError(f"another delayq_pipeline archive is running on database {alias!r}")
+    lock: ArchiveLock
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [ARCHIVE_LOCK])
-            if not cursor.fetchone()[0]:
-                raise busy
-        try:
-            yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [ARCHIVE_LOCK])
-        return
-    path = Path(f"{_sqlite_path(connection)}.delayq-archive.lock")
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise busy from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        lock = _AdvisoryLock(alias)
+    else:
+        lock = _FileLock(alias, Path(f"{_sqlite_path(connection)}.delayq-archive.lock"))
+    try:
+        yield lock
+    finally:
+        lock.release()

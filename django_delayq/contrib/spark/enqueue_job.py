@@ -11,7 +11,10 @@ The job in three steps, all but the last read-only:
    ``MAX_PAYLOAD_SIZE``; a run-at value that is no timestamp). If more than
    ``max_reject_rate`` of the rows fail, the job stops with the first
    reason and nothing is written; otherwise the failing rows go to a rejects
-   file and the rest go on.
+   file and the rest go on. The rejects file is created new (``O_EXCL``,
+   mode 0600, never through a symlink): a path where anything exists is
+   refused before Spark starts, and one where something appeared since is
+   refused by the create itself, still before any row is written.
 3. **Each partition upserts its rows** through one connection
    (``dbapi.write_partition``): COPY into a temporary table, then one
    ``INSERT ... SELECT ... ON CONFLICT (queue, key)`` per 50,000 rows, each
@@ -24,6 +27,7 @@ workers only stream three strings per row into COPY.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -150,6 +154,44 @@ def default_rejects_path(source: str) -> str:
     return str(parent / f"_{name}.rejects.jsonl")
 
 
+def check_rejects_option(path: str) -> str:
+    """``--rejects PATH`` made absolute: a local file in a directory that exists.
+
+    (Whether the directory is writable is found when the file is created,
+    only if the run has rows to reject.)
+    """
+    if is_url(path):
+        raise PipelineError(f"--rejects {path}: the rejects file must be a local path")
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise PipelineError(f"--rejects {path}: the directory {parent} does not exist")
+    return path
+
+
+def _rejects_exist(path: str) -> PipelineError:
+    what = (
+        "as a symbolic link, which is not followed: remove it"
+        if os.path.islink(path)
+        else "(from an earlier run?): move it away"
+    )
+    return PipelineError(
+        f"rejects file {path} already exists {what}, or pass --rejects PATH to write "
+        "elsewhere; nothing was written"
+    )
+
+
+def refuse_existing_rejects(path: str) -> None:
+    """A rejects file is never overwritten (nor a symlink followed): stop before Spark starts.
+
+    ``write_rejects`` creates the file exclusively too, so a file that appears
+    after this check stops the job just the same, still before any row is
+    written to the database.
+    """
+    if os.path.lexists(path):
+        raise _rejects_exist(path)
+
+
 def validate_options(options: EnqueueOptions) -> EnqueueOptions:
     """Everything that can be checked without Spark; returns the options completed."""
     try:
@@ -182,7 +224,11 @@ def validate_options(options: EnqueueOptions) -> EnqueueOptions:
             raise PipelineError(f"SOURCE {source} is not readable")
     fmt = options.format or infer_format(source)
     alias = database.resolve_alias(options.database)
-    rejects = options.rejects_path or default_rejects_path(source)
+    if options.rejects_path is None:
+        rejects = default_rejects_path(source)
+    else:
+        rejects = check_rejects_option(options.rejects_path)
+    refuse_existing_rejects(rejects)
     return replace(options, format=fmt, database=alias, rejects_path=rejects)
 
 
@@ -469,16 +515,54 @@ def prepare(
     )
 
 
+def create_rejects_file(path: str) -> int:
+    """A new file at ``path``, mode 0600, for writing: never an existing file, never a symlink.
+
+    ``O_EXCL`` fails if anything is at ``path`` (a dangling or planted symlink
+    included), so a shared directory cannot make the job write elsewhere;
+    ``fchmod`` makes the mode 0600 whatever the umask.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise _rejects_exist(path) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _rejects_exist(path) from None
+        raise PipelineError(
+            f"cannot create rejects file {path}: {exc.strerror}; nothing was written"
+        ) from exc
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_rejects(prepared: DataFrame, path: str) -> None:
-    """The rejected rows as JSON lines: ``{"reason": ..., "row": {...}}``."""
+    """The rejected rows as JSON lines: ``{"reason": ..., "row": {...}}``, in a new 0600 file.
+
+    If reading the rows fails, the partial file is removed (a re-run then
+    finds the path free).
+    """
     from pyspark.sql import functions as F
 
     rejected = prepared.filter(F.col("reason").isNotNull()).select("reason", "row")
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as out:
-        for record in rejected.toLocalIterator():
-            out.write(f'{{"reason": {json.dumps(record["reason"])}, "row": {record["row"]}}}\n')
-    os.replace(tmp, path)
+    fd = create_rejects_file(path)
+    created = os.fstat(fd)
+    try:
+        with open(fd, "w", encoding="utf-8") as out:
+            for record in rejected.toLocalIterator():
+                out.write(f'{{"reason": {json.dumps(record["reason"])}, "row": {record["row"]}}}\n')
+    except BaseException:
+        try:
+            if os.path.samestat(created, os.lstat(path)):  # still the file created above
+                os.unlink(path)
+        except OSError:
+            pass
+        raise
 
 
 # -- the job --------------------------------------------------------------------

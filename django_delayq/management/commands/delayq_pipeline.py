@@ -87,6 +87,14 @@ class Command(BaseCommand):
             help="invalid rows tolerated (written to a rejects file) before the job "
             "refuses to write anything (default: 0.01)",
         )
+        enqueue.add_argument(
+            "--rejects",
+            metavar="PATH",
+            help="the rejects file, one JSON line per invalid row (default: "
+            "_NAME.rejects.jsonl beside SOURCE). It is created new, mode 0600; if "
+            "anything is already at PATH (an earlier run's file, a symlink) the command "
+            "stops before writing anything: move the file away or pass another PATH",
+        )
         _spark_options(enqueue)
 
         archive = actions.add_parser(
@@ -153,6 +161,7 @@ class Command(BaseCommand):
                 partitions=o["partitions"],
                 database=o["database"],
                 max_reject_rate=o["max_reject_rate"],
+                rejects_path=o["rejects"],
             )
         )
         s = enqueue_job.run_enqueue(self._session(o["master"]), options)
