@@ -5,6 +5,7 @@ Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 ``sleep_attempts`` (only sleep on attempts <= this).
 """
 
+import json
 import os
 import time
 
@@ -93,6 +94,12 @@ def atomic_txid_handler(message):
                 "INSERT INTO delayq_test_deferred (v) VALUES (%s)", [message.payload["deferred"]]
             )
     _run(message, record=False)
+
+
+@handler("payloads")
+def payload_handler(message):
+    """Records the payload it was given as JSON text, so that its type shows too."""
+    Effect.objects.create(message_id=message.pk, value=json.dumps(message.payload, sort_keys=True))
 
 
 @handler("slow", lease=2)
