@@ -112,6 +112,31 @@ class MessageQuerySet(QueueQuerySet["Message"]):
         return self if not queues else self.filter(queue__in=list(queues))
 
 
+class PayloadField(models.JSONField):
+    """A ``JSONField`` that writes ``None`` as JSON ``null``, not SQL NULL.
+
+    A payload is any JSON value, ``null`` included (``enqueue("q")``), and
+    the column is NOT NULL. Django's ``JSONField`` writes ``None`` as SQL
+    NULL (JSON ``null`` only as ``Value(None, JSONField())``), so a save,
+    an ``update()`` or a ``bulk_update()`` of a ``None`` payload (the
+    admin's edit, the triage's edit and retry, MariaDB's re-enqueue) was
+    refused by the database. Reading is unchanged.
+
+    Migrations see a plain ``JSONField`` (``deconstruct``): the column is
+    the same, and a migration changing only the field's class would buy
+    nothing (on SQLite, Django would rebuild the whole table for it).
+    """
+
+    def get_db_prep_save(self, value: Any, connection: Any) -> Any:
+        if value is None:
+            return self.get_db_prep_value(None, connection)
+        return super().get_db_prep_save(value, connection)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+
 class Message(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending", _("pending")
@@ -132,7 +157,7 @@ class Message(models.Model):
         default="",
         help_text=_("Type of the payload; selects the handler and validates decoding."),
     )
-    payload = models.JSONField(default=dict, blank=True)
+    payload = PayloadField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))
     next_attempt_time = models.DateTimeField(

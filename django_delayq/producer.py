@@ -289,7 +289,14 @@ def enqueue_many(
             rows = [_row(template, k, payloads[i]) for k, i in first_index.items()]
             for start in range(0, len(rows), CHUNK_SIZE):
                 chunk_rows = rows[start : start + CHUNK_SIZE]
-                outcomes.update(_write_chunk(connection, chunk_rows, on_conflict))
+                outcomes.update(
+                    _write_chunk(
+                        connection,
+                        chunk_rows,
+                        [encoded[first_index[r.key]] for r in chunk_rows],
+                        on_conflict,
+                    )
+                )
         if on_conflict == "error":
             clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
             if clashes:
@@ -502,6 +509,7 @@ def _build_new_rows_statement(connection: BaseDatabaseWrapper, wake: bool) -> _N
         values += ["u.value->>0", "u.value->1"]
         source = "jsonb_array_elements(%s::jsonb) AS u(value)"
     else:
+        # Each payload is a JSON string holding its JSON text (_rows_document).
         values += ["json_extract(u.value, '$[0]')", "json_extract(u.value, '$[1]')"]
         source = "json_each(%s) AS u"
     sql = (
@@ -539,11 +547,11 @@ def _insert_new(
 
     Only the key and the payload differ between the messages of one call, so
     they travel as one JSON document (PostgreSQL ``jsonb_array_elements``,
-    SQLite ``json_each``) and every other column is a single parameter: the
-    statement stays small whatever the batch size, its text is the same for
-    every call (built once, and prepared by psycopg where the connection
-    allows it), and neither Django nor the driver handles thousands of
-    placeholders.
+    SQLite ``json_each``; see ``_rows_document``) and every other column is
+    a single parameter: the statement stays small whatever the batch size,
+    its text is the same for every call (built once, and prepared by psycopg
+    where the connection allows it), and neither Django nor the driver
+    handles thousands of placeholders.
 
     With ``wake`` (PostgreSQL), the same statement sends the NOTIFY when it
     created at least one row.
@@ -551,15 +559,7 @@ def _insert_new(
     wake = wake if connection.vendor == "postgresql" else None
     statement = _new_rows_statement(connection, wake is not None)
     params = statement.params(template, connection)
-    # One JSON document [[key, payload], ...], joined from the payloads'
-    # checked text: one parameter to send, however many messages.
-    params.append(
-        "["
-        + ",".join(
-            f"[{json.dumps(k, ensure_ascii=False)},{e}]" for k, e in zip(keys, encoded, strict=True)
-        )
-        + "]"
-    )
+    params.append(_rows_document(connection, keys, encoded))
     if wake is not None:
         params += [NOTIFY_CHANNEL, wake]
     with connection.cursor() as cursor:
@@ -580,6 +580,26 @@ def _insert_new(
     return out
 
 
+def _rows_document(connection: BaseDatabaseWrapper, keys: list[str], encoded: list[str]) -> str:
+    """The keys and payloads of ``_insert_new`` as one JSON array: one parameter, any size.
+
+    PostgreSQL: ``[[key, payload], ...]``, joined from the payloads' checked
+    text; ``value->1`` is the payload as ``jsonb``. SQLite: ``[[key,
+    "payload's JSON text"], ...]``. Its ``json_extract`` turns a scalar into
+    an SQL value (a string loses its quotes, ``true`` becomes 1, ``null``
+    NULL), so the payload travels as a JSON string holding its JSON text,
+    which ``json_extract`` returns as is: the very text ``encode_payload``
+    made, as MariaDB's ``JSON_TABLE`` gets it (``mysql._insert_ignore``).
+    """
+    if connection.vendor == "postgresql":
+        rows = (
+            f"[{json.dumps(k, ensure_ascii=False)},{e}]" for k, e in zip(keys, encoded, strict=True)
+        )
+    else:
+        rows = (json.dumps([k, e], ensure_ascii=False) for k, e in zip(keys, encoded, strict=True))
+    return "[" + ",".join(rows) + "]"
+
+
 _INSERT_FIELDS = [f for f in Message._meta.concrete_fields if not f.primary_key]
 _FINISHED_SQL = "('succeeded', 'failed', 'cancelled')"
 
@@ -591,15 +611,15 @@ def _supports_upsert_returning(connection: BaseDatabaseWrapper) -> bool:
 
 
 def _write_chunk(
-    connection: BaseDatabaseWrapper, rows: list[Message], on_conflict: str
+    connection: BaseDatabaseWrapper, rows: list[Message], encoded: list[str], on_conflict: str
 ) -> dict[str, tuple[Outcome, Message]]:
     if _supports_upsert_returning(connection):
-        return _upsert_returning(connection, rows, on_conflict)
+        return _upsert_returning(connection, rows, encoded, on_conflict)
     return _select_then_write(connection, rows, on_conflict)
 
 
 def _upsert_returning(
-    connection: BaseDatabaseWrapper, rows: list[Message], on_conflict: str
+    connection: BaseDatabaseWrapper, rows: list[Message], encoded: list[str], on_conflict: str
 ) -> dict[str, tuple[Outcome, Message]]:
     """One ``INSERT ... ON CONFLICT ... RETURNING`` per chunk (PostgreSQL, SQLite).
 
@@ -607,15 +627,23 @@ def _upsert_returning(
     seed 002). A running message that is updated loses its lease token, so
     the running attempt can no longer acknowledge it, but it stays invisible
     until that lease expires: the new version never runs beside the old one.
+
+    The payloads are written as ``encoded`` (``encode_payload``'s text), the
+    very text ``_insert_new`` writes: SQLite compares payloads as minified
+    text (``_update_clause``), in which ``"é"`` and ``"\\u00e9"`` differ.
     """
     qn = connection.ops.quote_name
     table = qn(Message._meta.db_table)
     cols = [qn(str(f.column)) for f in _INSERT_FIELDS]
-    placeholder = "(" + ", ".join(["%s"] * len(cols)) + ")"
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    placeholder = (
+        "(" + ", ".join(f"%s{cast}" if f.name == "payload" else "%s" for f in _INSERT_FIELDS) + ")"
+    )
     params: list[Any] = []
-    for row in rows:
+    for row, text in zip(rows, encoded, strict=True):
         params.extend(
-            f.get_db_prep_save(getattr(row, f.attname), connection) for f in _INSERT_FIELDS
+            text if f.name == "payload" else f.get_db_prep_save(getattr(row, f.attname), connection)
+            for f in _INSERT_FIELDS
         )
     sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES " + ", ".join([placeholder] * len(rows))
     sql += f" ON CONFLICT ({qn('queue')}, {qn('key')}) "
@@ -684,7 +712,9 @@ def _update_clause(connection: BaseDatabaseWrapper, table: str) -> str:
         "lock_token": "NULL",
         "status": "'pending'",
     }
-    # SQLite keeps JSON as text: compare the minified forms, not the spelling.
+    # SQLite keeps JSON as text: compare the minified forms, so that spaces do
+    # not count. Escapes and key order still do: enqueue writes every payload
+    # as encode_payload spells it (_insert_new, _upsert_returning).
     payload_cmp = (
         f"{table}.{c('payload')} {distinct} excluded.{c('payload')}"
         if connection.vendor == "postgresql"
@@ -733,10 +763,20 @@ def _select_then_write(
 
 
 def _same_content(current: Message, row: Message) -> bool:
-    return current.status == Message.Status.PENDING and all(
-        getattr(current, f) == getattr(row, f)
-        for f in ("payload", "kind", "priority", "max_attempts", "next_attempt_time")
+    """Python twin of ``_update_clause``'s WHERE (negated) for the portable path."""
+    return (
+        current.status == Message.Status.PENDING
+        and all(
+            getattr(current, f) == getattr(row, f)
+            for f in ("kind", "priority", "max_attempts", "next_attempt_time")
+        )
+        and _same_json(current.payload, row.payload)
     )
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON: Python's ``==`` calls ``True`` and ``1`` equal, JSON does not."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _apply_update(current: Message, row: Message) -> None:

@@ -1,14 +1,19 @@
 """One message's page: payload, error, timeline, worker, buttons, what may be edited."""
 
+import html
 import json
+import re
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_delayq import enqueue
 from django_delayq.models import Message
 from tests.admin.message_pages import change_url, one_of_each, operation_url
+from tests.admin.staff import staff_client
 from tests.factories import MessageFactory
+from tests.json_values import JSON_VALUES, exact
 
 pytestmark = pytest.mark.django_db
 
@@ -40,6 +45,29 @@ def test_payload_is_pretty_printed(admin_client):
     html = page(admin_client, message)
     assert "{\n  &quot;customer&quot;: {\n    &quot;id&quot;: 7," in html
     assert "Zoë" in html
+
+
+@pytest.mark.parametrize("value", JSON_VALUES)
+def test_every_json_payload_is_shown_exactly(admin_client, value):
+    message = enqueue("default", value).message
+    response = admin_client.get(change_url(message.pk))
+    text = response.context["adminform"].form["payload"].value()
+    assert exact(json.loads(text)) == exact(value)
+    assert html.escape(text) in response.content.decode()
+    viewer = staff_client("viewer", "view_message")[0]
+    shown = re.search(r'<pre class="dq-pre">(.*?)</pre>', page(viewer, message), re.S)
+    assert shown is not None
+    assert exact(json.loads(html.unescape(shown.group(1)))) == exact(value)
+
+
+@pytest.mark.parametrize("value", JSON_VALUES)
+def test_every_json_payload_is_saved_exactly(admin_client, value):
+    message = enqueue("default", {"before": 1}).message
+    response = admin_client.post(
+        change_url(message.pk), form_data(message, payload=json.dumps(value))
+    )
+    assert response.status_code == 302
+    assert exact(Message.objects.get(pk=message.pk).payload) == exact(value)
 
 
 def test_full_error_and_traceback(admin_client, states):

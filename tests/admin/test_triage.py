@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,7 @@ from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
 from tests.admin.staff import staff_client
 from tests.factories import MessageFactory
+from tests.json_values import JSON_VALUES, exact
 
 pytestmark = pytest.mark.django_db
 
@@ -235,6 +237,31 @@ def test_edit_payload_and_retry(groups, operator, fake_clock):
         None,
     )
     assert message.max_attempts == message.attempt_count + 1
+
+
+def failed(message: Message, now) -> None:
+    Message.objects.filter(pk=message.pk).update(
+        status="failed", attempt_count=1, next_attempt_time=None, finished_at=now
+    )
+
+
+@pytest.mark.parametrize("value", JSON_VALUES)
+def test_edit_payload_form_shows_every_json_payload_exactly(operator, fake_clock, value):
+    message = enqueue("default", value).message
+    failed(message, fake_clock())
+    text = operator.get(edit_url(message)).context["payload_text"]
+    assert exact(triage.parse_payload(text)) == exact(value)
+
+
+@pytest.mark.parametrize("value", JSON_VALUES)
+def test_edit_payload_and_retry_stores_every_json_payload_exactly(operator, fake_clock, value):
+    message = enqueue("default", {"before": 1}).message
+    failed(message, fake_clock())
+    response = operator.post(edit_url(message), {"payload": json.dumps(value)})
+    assert response.status_code == 302
+    message.refresh_from_db()
+    assert message.status == "pending"
+    assert exact(message.payload) == exact(value)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from django_delayq import claim, enqueue, operations
 from django_delayq.backends import TASK_KIND, DelayQBackend, TaskCancelled, TaskLost
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
+from tests.json_values import JSON_VALUES, exact
 from tests.testapp.models import Effect, Execution
 from tests.testapp.tasks import (
     InvalidTask,
@@ -27,6 +28,7 @@ from tests.testapp.tasks import (
     TaskResultStatus,
     add,
     add_async,
+    echo,
     explode,
     flaky,
     give_up,
@@ -161,6 +163,17 @@ def test_worker_runs_the_task_and_stores_its_return_value(run_worker):
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
     assert Message.objects.get(pk=int(result.id)).status == "succeeded"
+
+
+@pytest.mark.parametrize("value", JSON_VALUES)
+def test_task_arguments_and_return_values_keep_their_json_type(run_worker, value):
+    result = echo.enqueue(value)
+    run_worker(["default"])
+    done = echo.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL
+    assert exact(done.args[0]) == exact(value)
+    assert Effect.objects.get(message_id=int(result.id)).value == exact(value)[1]
+    assert exact(done.return_value) == exact(value)
 
 
 def test_task_exception_is_a_failed_result_with_class_and_traceback(run_worker):

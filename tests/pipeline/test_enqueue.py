@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_delayq import clock
 from django_delayq.contrib.spark import database, dbapi
 from django_delayq.models import Message
+from tests.json_values import exact
 from tests.pipeline.conftest import run_pipeline, write_csv, write_frame
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.django_db(transaction=True)]
@@ -130,6 +131,46 @@ def test_parquet_and_json_types_are_preserved_in_payloads(spark: object, tmp_pat
     run_pipeline("enqueue", str(lines), "--queue", "json", "--key-column", "id")
     payload = Message.objects.get(queue="json").payload
     assert payload == {"flag": False, "id": 7, "nested": {"l": [1, None]}, "v": 0.5}
+
+
+def test_scalar_values_keep_their_json_type_through_insert_and_update(
+    spark: object, tmp_path: Path
+) -> None:
+    """Strings that look like numbers, booleans or null stay strings; each type stays its own."""
+    due = "2030-01-01 00:00:00"
+    rows = [
+        ("a", "123", True, 1, 1.5, due),
+        ("b", "true", False, 0, 0.0, due),
+        ("c", "null", None, 2**40, -2.5, due),
+        ("d", "", True, None, None, due),
+        ("e", '"quoted"', False, -1, 0.1, due),
+        ("f", " 7 ", None, 3, None, due),
+    ]
+    schema = "id string, text string, flag boolean, n bigint, x double, due string"
+    source = write_frame(spark, tmp_path / "scalars.parquet", rows, schema)
+    args = ("--queue", "scalars", "--key-column", "id", "--payload-columns", "text,flag,n,x")
+    args += ("--run-at-column", "due", "--on-conflict", "update")
+
+    def payloads() -> dict[str, object]:
+        return {m.key: exact(m.payload) for m in Message.objects.filter(queue="scalars")}
+
+    first, _ = run_pipeline("enqueue", str(source), *args)
+    assert first.created == 6
+    assert payloads() == {
+        r[0]: exact({"text": r[1], "flag": r[2], "n": r[3], "x": r[4]}) for r in rows
+    }
+    again, _ = run_pipeline("enqueue", str(source), *args)
+    assert (again.created, again.updated, again.ignored) == (0, 0, 6)
+
+    # The same values under other JSON types: true is not 1, "123" is not 123.
+    retyped = [(r[0], r[3], int(r[2]) if r[2] is not None else None, r[1], r[4], due) for r in rows]
+    schema = "id string, text bigint, flag bigint, n string, x double, due string"
+    source = write_frame(spark, tmp_path / "retyped.parquet", retyped, schema)
+    changed, _ = run_pipeline("enqueue", str(source), *args)
+    assert (changed.created, changed.updated) == (0, 6)
+    assert payloads() == {
+        r[0]: exact({"text": r[1], "flag": r[2], "n": r[3], "x": r[4]}) for r in retyped
+    }
 
 
 def test_payload_columns_kind_priority_and_delay(tmp_path: Path) -> None:

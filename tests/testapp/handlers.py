@@ -8,6 +8,7 @@ Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 """
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -125,6 +126,12 @@ def atomic_gated_handler(message):
         ARRIVED[name].set()
         if not GATES[name].wait(60):
             raise TimeoutError(f"gate {name!r} was never opened")
+
+
+@handler("payloads")
+def payload_handler(message):
+    """Records the payload it was given as JSON text, so that its type shows too."""
+    Effect.objects.create(message_id=message.pk, value=json.dumps(message.payload, sort_keys=True))
 
 
 @handler("slow", lease=2)

@@ -5,6 +5,7 @@ The framework's names come from ``django.tasks`` (Django 6) or the
 """
 
 import asyncio
+import json
 import time
 
 from django_delayq import Discard
@@ -58,6 +59,15 @@ def record(context, tag):
 def send_email(context, to, subject=""):
     Effect.objects.create(message_id=int(context.task_result.id), value=to)
     return {"to": to, "subject": subject, "attempt": context.attempt}
+
+
+@task(takes_context=True)
+def echo(context, value):
+    """Returns its argument; records it as JSON text, so that its type shows too."""
+    Effect.objects.create(
+        message_id=int(context.task_result.id), value=json.dumps(value, sort_keys=True)
+    )
+    return value
 
 
 @task
