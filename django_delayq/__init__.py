@@ -22,7 +22,7 @@ __all__ = [
 from django_delayq.exceptions import Discard, Retry
 
 if TYPE_CHECKING:
-    from django_delayq.producer import (
+    from django_delayq.enqueuing import (
         EnqueueResult,
         Outcome,
         aenqueue,
@@ -39,7 +39,7 @@ def __getattr__(name: str) -> Any:
     # imported once apps are loaded; resolving them lazily keeps
     # ``import django_delayq`` safe in settings and app configs.
     if name in ("enqueue", "enqueue_many", "aenqueue", "aenqueue_many", "Outcome", "EnqueueResult"):
-        from django_delayq import producer as module
+        from django_delayq import enqueuing as module
 
         return getattr(module, name)
     if name == "handler":

@@ -40,11 +40,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 from django.utils.module_loading import import_string
 
-from django_delayq import claim
 from django_delayq.exceptions import Retry
 from django_delayq.models import Message
 from django_delayq.payload import encode_payload
 from django_delayq.registry import HandlerSpec, registry, validate_queue_name
+from django_delayq.store import changes
 
 if TYPE_CHECKING:
     from django.tasks.backends.base import BaseTaskBackend
@@ -169,7 +169,7 @@ class DelayQBackend(BaseTaskBackend):
         ``task_enqueued`` is sent once that transaction commits (at once
         outside one): a rolled-back call was never enqueued.
         """
-        from django_delayq.producer import enqueue
+        from django_delayq.enqueuing import enqueue
 
         self.validate_task(task)
         try:
@@ -371,16 +371,16 @@ def to_task_result(message: Message, task: Task[Any, Any] | None = None) -> Task
 # -- running -----------------------------------------------------------------
 
 
-def _record(message: Message, **changes: Any) -> bool:
+def _record(message: Message, **outcome: Any) -> bool:
     """Add to the message's payload while this worker still holds it."""
     assert message.lock_token is not None
     payload = dict(message.payload)
     payload["worker_ids"] = [*payload.get("worker_ids", []), message.locked_by]
     if not payload.get("started_at") and message.last_attempt_time:
         payload["started_at"] = message.last_attempt_time.isoformat()
-    payload.update(changes)
+    payload.update(outcome)
     encode_payload(payload)  # NaN, NUL or an oversized result fail the attempt, as its error
-    written = claim.write_payload(message.pk, message.lock_token, payload)
+    written = changes.write_payload(message.pk, message.lock_token, payload)
     if written:
         message.payload = payload
     return bool(written)

@@ -186,36 +186,30 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
 def check_database(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Error | Warning]:
-    """MariaDB/MySQL servers the claim cannot use, and keys that would merge (E050, W050).
+    """Servers the queue cannot use, and keys that would merge (E050, E051, W050).
 
     A database check: it connects, so it runs in ``migrate``, ``check
     --database ALIAS`` and at the start of ``run_delayq``.
     """
     from django.db import connections
 
-    from django_delayq import mysql
+    from django_delayq.store import server
 
     errors: list[Error | Warning] = []
     for alias in databases or ():
         connection = connections[alias]
-        if connection.vendor != "mysql":
-            continue
-        problem = mysql.version_problem(connection)
+        problem = server.version_problem(connection)
         if problem:
             errors.append(
-                Error(
-                    f"database {alias!r}: {problem}",
-                    hint="upgrade to MariaDB 10.6+ or MySQL 8.0.1+",
-                    id="django_delayq.E050",
-                )
+                Error(f"database {alias!r}: {problem}", hint=problem.hint, id=problem.check_id)
             )
-        columns = mysql.collation_problems(connection)
+        columns = server.collation_problems(connection)
         if columns:
             errors.append(
                 Warning(
                     f"database {alias!r}: the queue table's {' and '.join(columns)} ignore "
                     "case or trailing spaces, so keys 'a', 'A' and 'a ' would be one message",
-                    hint=f"run once: {mysql.binary_columns_sql(connection)}",
+                    hint=f"run once: {server.binary_columns_sql(connection)}",
                     id="django_delayq.W050",
                 )
             )

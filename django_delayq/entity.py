@@ -8,7 +8,7 @@ Instead, inherit :class:`QueueFields`: the model gets the queue columns
 ``locked_by``) and the claim index, and a handler registered with
 ``@handler("invoices", model=Invoice)`` is run by ``run_delayq`` with the
 same claim, lease, retry, time-limit and shutdown rules as messages
-(``claim.py`` and ``worker.py`` take the model as a parameter)::
+(``store/changes.py`` and ``worker/`` take the model as a parameter)::
 
     from django_delayq import handler
     from django_delayq.entity import QueueFields
@@ -33,22 +33,18 @@ changelist the queue's filters and actions.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 from django.db import connections, models, router, transaction
 from django.db.models import Q
-from django.utils.translation import gettext_lazy as _
 
 from django_delayq import clock
-from django_delayq.models import (
-    ACTIVE_STATUS_VALUES,
-    FINISHED_STATUS_VALUES,
-    Message,
-    QueueQuerySet,
-)
-
-#: The statuses an entity row goes through: the same as a message's.
-Status = Message.Status
+from django_delayq.exceptions import DelayQError
+from django_delayq.models import ACTIVE_STATUS_VALUES, FINISHED_STATUS_VALUES, QueueColumns
+from django_delayq.status import Status
+from django_delayq.store import changes
+from django_delayq.store.queries import QueueQuerySet
+from django_delayq.store.write import notify
 
 
 def queue_of(model: type[models.Model]) -> str | None:
@@ -61,8 +57,6 @@ def queue_of(model: type[models.Model]) -> str | None:
 
 def _notify(model: type[models.Model], alias: str, when: datetime) -> None:
     """Wake idle workers (PostgreSQL NOTIFY, delivered when the transaction commits)."""
-    from django_delayq.producer import notify
-
     queue = queue_of(model)
     if queue is not None:
         notify(connections[alias], queue, when)
@@ -83,29 +77,18 @@ class EntityQuerySet(QueueQuerySet[Any]):
         left alone, as the admin's operations do: the worker's outcome would
         overwrite the new schedule. Returns how many rows were queued.
         """
-        from django_delayq.producer import resolve_run_at
+        from django_delayq.enqueuing import resolve_run_at
 
-        now = clock.now()
-        when = resolve_run_at(run_at, delay, now)
+        when = resolve_run_at(run_at, delay, clock.now())
         alias = self.db
-        held = Q(status=Status.RUNNING, next_attempt_time__gt=now)
         with transaction.atomic(using=alias):
-            changed = (
-                self.exclude(held)
-                .order_by()
-                .update(
-                    status=Status.PENDING,
-                    next_attempt_time=when,
-                    lock_token=None,
-                    locked_by="",
-                )
-            )
+            changed = changes.schedule(self, when)
             if changed:
                 _notify(self.model, alias, when)
         return changed
 
 
-class QueueFields(models.Model):
+class QueueFields(QueueColumns):
     """The queue columns and the claim index, for a model whose rows are processed.
 
     Declare your own ``Meta`` as ``class Meta(QueueFields.Meta):`` to keep
@@ -113,31 +96,6 @@ class QueueFields(models.Model):
     limits index names to 30 characters, so a long app or model name needs
     its own ``indexes`` entry built by :func:`claim_index`).
     """
-
-    Status: ClassVar[type[Message.Status]] = Message.Status
-    ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
-    FINISHED_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
-
-    status = models.CharField(
-        _("queue status"), max_length=16, choices=Status.choices, default=Status.PENDING
-    )
-    next_attempt_time = models.DateTimeField(
-        _("next attempt"),
-        null=True,
-        blank=True,
-        help_text=_(
-            "When the row is due; the lease expiry while running; empty while nothing is scheduled."
-        ),
-    )
-    attempt_count = models.PositiveIntegerField(_("attempts"), default=0)
-    max_attempts = models.PositiveIntegerField(
-        null=True, blank=True, help_text=_("Empty: the handler's or the setting's value.")
-    )
-    last_attempt_time = models.DateTimeField(_("last attempt"), null=True, blank=True)
-    last_error = models.TextField(blank=True, default="")
-    last_traceback = models.TextField(blank=True, default="")
-    lock_token = models.UUIDField(null=True, blank=True, editable=False)
-    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
 
     objects = EntityQuerySet.as_manager()
 
@@ -169,14 +127,6 @@ class QueueFields(models.Model):
     def kind(self) -> str:
         return ""
 
-    @property
-    def is_redelivery(self) -> bool:
-        """True once the row has been started more than once."""
-        return self.attempt_count > 1
-
-    def error_summary(self) -> str:
-        return self.last_error.splitlines()[0] if self.last_error else ""
-
     def schedule(
         self,
         *,
@@ -194,42 +144,25 @@ class QueueFields(models.Model):
         outcome would overwrite the new schedule. Inside the row's own
         handler, raise ``Retry`` instead.
         """
-        from django_delayq.producer import resolve_run_at
+        from django_delayq.enqueuing import resolve_run_at
 
-        now = clock.now()
-        when = resolve_run_at(run_at, delay, now)
-        changes = {
-            "status": Status.PENDING,
-            "next_attempt_time": when,
-            "lock_token": None,
-            "locked_by": "",
-        }
+        when = resolve_run_at(run_at, delay, clock.now())
         if not save:
-            for name, value in changes.items():
-                setattr(self, name, value)
+            changes.mark_scheduled(self, when)
             return
         model = type(self)
         alias = using or router.db_for_write(model, instance=self)
         with transaction.atomic(using=alias):
-            if self._state.adding:
-                for name, value in changes.items():
-                    setattr(self, name, value)
-                self.save(using=alias)
-            else:
-                held = Q(status=Status.RUNNING, next_attempt_time__gt=now)
-                rows = model._base_manager.using(alias).filter(pk=self.pk).exclude(held)
-                if not rows.update(**changes):
-                    raise RowHeld(
-                        f"{model._meta.label} {self.pk} is running under a worker's lease "
-                        "(or was deleted); raise Retry(delay=...) in its handler to run it "
-                        "again later"
-                    )
-                for name, value in changes.items():
-                    setattr(self, name, value)
+            if not changes.schedule_row(self, when, using=alias):
+                raise RowHeld(
+                    f"{model._meta.label} {self.pk} is running under a worker's lease "
+                    "(or was deleted); raise Retry(delay=...) in its handler to run it "
+                    "again later"
+                )
             _notify(model, alias, when)
 
 
-class RowHeld(Exception):
+class RowHeld(DelayQError):
     """``schedule()`` of a row that a worker holds (or that no longer exists)."""
 
 
@@ -248,7 +181,7 @@ def claim_index(name: str, *, priority: bool = False) -> models.Index:
 
 def is_queue_model(model: type[models.Model]) -> bool:
     """True for ``Message`` and the models that inherit :class:`QueueFields`."""
-    return model is Message or issubclass(model, QueueFields)
+    return issubclass(model, QueueColumns)
 
 
 __all__ = [

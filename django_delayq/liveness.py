@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, router, transaction
-from django.db.models import Q
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import Message, WorkerState
+from django_delayq.store import changes
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -95,23 +95,11 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
         .exclude(name=me)
         .values_list("name", flat=True)
     )
-    released: dict[str, int] = {}
-    for name in dead:
-        count = (
-            Message.objects.using(alias)
-            .filter(status=Message.Status.RUNNING, locked_by=name)
-            .update(
-                status=Message.Status.PENDING,
-                next_attempt_time=clock.sql_now(),
-                lock_token=None,
-                updated_at=clock.sql_now(),
-            )
+    released = changes.release_workers(dead, using=alias)
+    for name, count in released.items():
+        logger.warning(
+            "worker %s stopped sending heartbeats; released %d message(s) it held", name, count
         )
-        if count:
-            released[name] = count
-            logger.warning(
-                "worker %s stopped sending heartbeats; released %d message(s) it held", name, count
-            )
     forget = clock.sql_now_plus(-max(FORGET_AFTER, dead_after()))
     states.filter(last_seen__lt=forget).delete()
     return released
@@ -163,11 +151,7 @@ def workers(using: str | None = None) -> list[WorkerView]:
 def held_by(names: Collection[str], using: str | None = None) -> dict[str, int]:
     """How many running messages each of these workers holds."""
     counts: dict[str, int] = {}
-    rows = (
-        Message.objects.using(_db(using))
-        .filter(Q(status=Message.Status.RUNNING) & Q(locked_by__in=list(names)))
-        .values_list("locked_by", flat=True)
-    )
+    rows = Message.objects.using(_db(using)).held_by(names).values_list("locked_by", flat=True)
     for name in rows:
         counts[name] = counts.get(name, 0) + 1
     return counts

@@ -37,7 +37,6 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries
-from django.db.models import Count, Min, Q
 
 from django_delayq import clock
 from django_delayq.models import Message
@@ -167,24 +166,17 @@ class WorkerMetrics:
     def sample(self) -> None:
         """Read depth and lag of this worker's queues: one grouped query on active rows."""
         now = clock.now()
-        due = Q(next_attempt_time__lte=now)
-        rows: dict[str, dict[str, Any]] = {
-            row["queue"]: dict(row)
-            for row in Message.objects.using(self.using)
-            .active()
-            .filter(queue__in=self.queues)
-            .values("queue")
-            .order_by("queue")
-            .annotate(
-                due=Count("id", filter=due),
-                scheduled=Count(
-                    "id", filter=Q(status=Message.Status.PENDING, next_attempt_time__gt=now)
-                ),
-                running=Count(
-                    "id", filter=Q(status=Message.Status.RUNNING, next_attempt_time__gt=now)
-                ),
-                oldest_due=Min("next_attempt_time", filter=due),
-            )
+        rows = {
+            queue: {
+                "due": row["due"],
+                "scheduled": row["scheduled"] + row["retrying"],
+                "running": row["leased"],
+                "oldest_due": row["oldest_due"],
+            }
+            for queue, row in Message.objects.using(self.using)
+            .in_queues(self.queues)
+            .depth_by_queue(now)
+            .items()
         }
         for queue in self.queues:
             row = rows.get(queue, {})

@@ -1,20 +1,24 @@
-"""The queue table.
+"""The queue tables: their columns, constraints and indexes, and nothing else.
 
-Every status change goes through ``claim.py`` (claim, ack, fail, retry,
-release) or the set-based verbs of ``MessageQuerySet``; nothing else writes
-the queue columns, so the indexes below are the ones every query relies on.
+Every read and write of the queue columns goes through ``store/`` (the
+QuerySet verbs of ``store.queries``, the state changes of ``store.changes``,
+new messages through ``store.write``), so the indexes below are reviewed
+against one set of statements. ``QueueColumns`` is the one definition of
+the columns a queued row has: ``Message`` and the models that inherit
+``entity.QueueFields`` both build on it.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_delayq import clock
+from django_delayq.status import ACTIVE, FINISHED, Status
+from django_delayq.store.queries import MessageQuerySet
 
 QUEUE_MAX_LENGTH = 100
 KEY_MAX_LENGTH = 255
@@ -22,94 +26,54 @@ KIND_MAX_LENGTH = 100
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 
-
-# The status values of every table with the queue columns: ``Message`` and
-# the models that inherit ``django_delayq.entity.QueueFields``.
-ACTIVE_STATUS_VALUES = ("pending", "running")
-FINISHED_STATUS_VALUES = ("succeeded", "failed", "cancelled")
-
-_Row = TypeVar("_Row", bound=models.Model)
+# The status values of every table with the queue columns, for index conditions.
+ACTIVE_STATUS_VALUES = ACTIVE
+FINISHED_STATUS_VALUES = FINISHED
 
 
-def active_condition() -> Q:
-    """Rows that may still run: waiting, scheduled or leased."""
-    return Q(status__in=ACTIVE_STATUS_VALUES)
+class QueueColumns(models.Model):
+    """The columns of a queued row: where it stands, when it runs next, who holds it.
 
-
-def due_condition(now: datetime | models.Expression | None = None) -> Q:
-    """Rows a worker may claim now.
-
-    A ``running`` row whose lease (``next_attempt_time``) has passed is due
-    again: that is how a crashed worker's message comes back.
-    """
-    return active_condition() & Q(next_attempt_time__lte=clock.now() if now is None else now)
-
-
-def retrying_condition() -> Q:
-    """Pending again after at least one failed attempt."""
-    return Q(status="pending", attempt_count__gt=0)
-
-
-def returned_columns(model: type[models.Model], quote_name: Any) -> str:
-    """Every column of ``model``, for ``RETURNING``, in :func:`from_returned_row` order."""
-    table = quote_name(model._meta.db_table)
-    return ", ".join(f"{table}.{quote_name(f.column)}" for f in model._meta.concrete_fields)
-
-
-def from_returned_rows(model: type[_Row], connection: Any, rows: Any) -> list[_Row]:
-    """Instances from raw rows of :func:`returned_columns`, converted as a query's would be.
-
-    The statements that write and return rows in one round trip (enqueue
-    with ``on_conflict="update"``, the claim) bypass the ORM's SELECT, so
-    the backend's and the fields' converters (JSON, time zones) run here,
-    looked up once per call as the ORM's compiler does.
-    """
-    fields = model._meta.concrete_fields
-    names = [f.attname for f in fields]
-    converters = []
-    for i, field in enumerate(fields):
-        col = field.get_col(model._meta.db_table)
-        found = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
-        if found:
-            converters.append((i, col, found))
-    out = []
-    for row in rows:
-        values = list(row[: len(fields)])
-        for i, col, found in converters:
-            value = values[i]
-            for converter in found:
-                value = converter(value, col, connection)
-            values[i] = value
-        out.append(model.from_db(connection.alias, names, values))
-    return out
-
-
-class QueueQuerySet(models.QuerySet[_Row]):
-    """The queue's filters, for ``Message`` and for any model with ``QueueFields``.
-
-    Written as conditions (above) so that code holding another queryset of
-    such a model (the admin's, a custom manager's) filters the same way.
+    ``status`` and ``next_attempt_time`` decide what a worker may claim
+    (``next_attempt_time`` is the lease expiry while running); ``lock_token``
+    is the claim's fence: every outcome is a compare-and-set on it.
     """
 
-    def active(self) -> Self:
-        """Rows that may still run: waiting, scheduled or leased."""
-        return self.filter(active_condition())
+    Status: ClassVar[type[Status]] = Status
+    ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
+    FINISHED_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
-    def due(self, now: datetime | models.Expression | None = None) -> Self:
-        """Rows a worker may claim now (see :func:`due_condition`)."""
-        return self.filter(due_condition(now))
+    status = models.CharField(
+        _("queue status"), max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    next_attempt_time = models.DateTimeField(
+        _("next attempt"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "When the row is due; the lease expiry while running; empty while nothing is scheduled."
+        ),
+    )
+    attempt_count = models.PositiveIntegerField(_("attempts"), default=0)
+    max_attempts = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Empty: the handler's or the setting's value.")
+    )
+    last_attempt_time = models.DateTimeField(_("last attempt"), null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    last_traceback = models.TextField(blank=True, default="")
+    lock_token = models.UUIDField(null=True, blank=True, editable=False)
+    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
 
-    def finished(self) -> Self:
-        return self.filter(status__in=FINISHED_STATUS_VALUES)
+    class Meta:
+        abstract = True
 
-    def retrying(self) -> Self:
-        """Pending again after at least one failed attempt."""
-        return self.filter(retrying_condition())
+    @property
+    def is_redelivery(self) -> bool:
+        """True once the row has been started more than once."""
+        return self.attempt_count > 1
 
-
-class MessageQuerySet(QueueQuerySet["Message"]):
-    def in_queues(self, queues: list[str] | tuple[str, ...] | None) -> MessageQuerySet:
-        return self if not queues else self.filter(queue__in=list(queues))
+    def error_summary(self) -> str:
+        return self.last_error.splitlines()[0] if self.last_error else ""
 
 
 class PayloadField(models.JSONField):
@@ -137,17 +101,7 @@ class PayloadField(models.JSONField):
         return name, "django.db.models.JSONField", args, kwargs
 
 
-class Message(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending", _("pending")
-        RUNNING = "running", _("running")
-        SUCCEEDED = "succeeded", _("succeeded")
-        FAILED = "failed", _("failed")
-        CANCELLED = "cancelled", _("cancelled")
-
-    ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
-    FINISHED_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
-
+class Message(QueueColumns):
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=QUEUE_MAX_LENGTH)
     key = models.CharField(max_length=KEY_MAX_LENGTH)
@@ -158,26 +112,10 @@ class Message(models.Model):
         help_text=_("Type of the payload; selects the handler and validates decoding."),
     )
     payload = PayloadField(default=dict, blank=True)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))
-    next_attempt_time = models.DateTimeField(
-        null=True,
-        blank=True,
-        help_text=_(
-            "When the message is due; the lease expiry while running; "
-            "empty once nothing more will happen."
-        ),
-    )
     scheduled_time = models.DateTimeField(
         help_text=_("When the message was first scheduled; a later start is a redelivery or retry.")
     )
-    attempt_count = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField(
-        null=True, blank=True, help_text=_("Empty: the handler's or the setting's value.")
-    )
-    last_attempt_time = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True, default="")
-    last_traceback = models.TextField(blank=True, default="")
     error_fingerprint = models.CharField(
         max_length=64,
         blank=True,
@@ -185,11 +123,18 @@ class Message(models.Model):
         editable=False,
         help_text=_("Digest of the normalised last error (see fingerprint.py); groups failures."),
     )
-    lock_token = models.UUIDField(null=True, blank=True, editable=False)
-    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
     created_at = models.DateTimeField(default=clock.now, editable=False)
     updated_at = models.DateTimeField(default=clock.now, editable=False)
     finished_at = models.DateTimeField(null=True, blank=True)
+    superseded_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_(
+            "Set while a newer version (enqueue with on_conflict='update') waits for the "
+            "running attempt to end; it is then due at its scheduled time."
+        ),
+    )
 
     objects = MessageQuerySet.as_manager()
 
@@ -203,7 +148,7 @@ class Message(models.Model):
                 name="delayq_message_priority_range",
             ),
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "running", "succeeded", "failed", "cancelled"]),
+                condition=Q(status__in=[*ACTIVE, *FINISHED]),
                 name="delayq_message_status_valid",
             ),
         ]
@@ -213,14 +158,14 @@ class Message(models.Model):
             models.Index(
                 fields=["queue", "-priority", "next_attempt_time"],
                 name="delayq_claim_idx",
-                condition=Q(status__in=["pending", "running"]),
+                condition=Q(status__in=list(ACTIVE)),
             ),
             # The idle worker's "when is the next message due?" and lag. Status
             # and attempts make it covering for the dashboard's active counts.
             models.Index(
                 fields=["queue", "next_attempt_time", "status", "attempt_count"],
                 name="delayq_due_idx",
-                condition=Q(status__in=["pending", "running"]),
+                condition=Q(status__in=list(ACTIVE)),
             ),
             # Pruning and the admin's finished views. Partial: a pending or
             # running row is not in it, so an enqueue and a claim maintain one
@@ -229,7 +174,7 @@ class Message(models.Model):
             models.Index(
                 fields=["status", "finished_at"],
                 name="delayq_finished_idx",
-                condition=Q(status__in=["succeeded", "failed", "cancelled"]),
+                condition=Q(status__in=list(FINISHED)),
             ),
             # Failure triage: a group's messages, and (covering) the grouping
             # itself. Partial, so rows that never failed (nearly all) are not in it.
@@ -254,14 +199,6 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.key} ({self.status})"
-
-    @property
-    def is_redelivery(self) -> bool:
-        """True once the message has been started more than once."""
-        return self.attempt_count > 1
-
-    def error_summary(self) -> str:
-        return self.last_error.splitlines()[0] if self.last_error else ""
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.attname) for f in self._meta.concrete_fields}

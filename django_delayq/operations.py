@@ -11,7 +11,9 @@ loaded into Python, so "all 800,000 matching" costs two statements.
 **Running messages are refused** by every operation that would change their
 status, due time or lock: while a worker holds a valid lease its
 acknowledgement is a compare-and-set on ``(id, lock_token, status='running')``
-(``claim.py``), and an operator must not pull a message out from under it.
+(``store/changes.py``), and an operator must not pull a message out from
+under it. Leases are judged by the database's clock, the one every lease is
+written with, not by the web server's.
 A ``running`` row whose lease has *expired* is different: its worker is gone
 (or has lost it), any worker may claim it again, and the operations treat it
 like a pending message. Because the condition is in the ``UPDATE`` itself, a
@@ -41,13 +43,15 @@ from functools import reduce
 from typing import Any, cast
 
 from django.db import connections, router, transaction
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, Expression, QuerySet
 
 from django_delayq import clock
-from django_delayq.claim import _fit
+from django_delayq.enqueuing import check_priority, resolve_run_at
 from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
-from django_delayq.producer import check_priority, notify, resolve_run_at
+from django_delayq.store import changes
+from django_delayq.store.queries import QueueQuerySet, categories
+from django_delayq.store.write import notify
 
 S = Message.Status
 
@@ -102,22 +106,6 @@ class OperationResult:
         return text
 
 
-def _categories(now: datetime) -> dict[str, Q]:
-    """Disjoint conditions covering every row (the status check constraint sees to that)."""
-    not_later = Q(next_attempt_time__lte=now) | Q(next_attempt_time__isnull=True)
-    return {
-        "pending_due": Q(status=S.PENDING, next_attempt_time__lte=now),
-        # A pending row without a due time would never be claimed: "run now" fixes it.
-        "pending_later": Q(status=S.PENDING)
-        & (Q(next_attempt_time__gt=now) | Q(next_attempt_time__isnull=True)),
-        "running": Q(status=S.RUNNING, next_attempt_time__gt=now),
-        "lease_expired": Q(status=S.RUNNING) & not_later,
-        "succeeded": Q(status=S.SUCCEEDED),
-        "failed": Q(status=S.FAILED),
-        "cancelled": Q(status=S.CANCELLED),
-    }
-
-
 @dataclass(frozen=True)
 class _Plan:
     """Which categories an operation changes, and the skip reason of each other one."""
@@ -167,12 +155,17 @@ _DELETE = _Plan(
 def _apply(
     queryset: QuerySet[Message],
     plan: _Plan,
-    now: datetime,
-    write: Callable[[QuerySet[Message]], int],
+    write: Callable[[QuerySet[Message], Expression], int],
     *,
     dry_run: bool,
     wake: datetime | None = None,
 ) -> OperationResult:
+    """Count the selection by category, then ``write`` the eligible rows, in one transaction.
+
+    The eligibility condition is repeated in the write's WHERE, so a row a
+    worker claims between the count and the write is left alone (and
+    reported as changed meanwhile). Both are judged on the database's clock.
+    """
     model = queryset.model
     if not is_queue_model(model):
         raise TypeError(
@@ -181,8 +174,9 @@ def _apply(
         )
     alias = cast(Any, queryset)._db or router.db_for_write(model)
     queryset = queryset.using(alias).order_by()
-    categories = _categories(now)
-    counters = {name: Count("pk", filter=q) for name, q in categories.items()}
+    now = clock.sql_now()
+    conditions = categories(now)
+    counters = {name: Count("pk", filter=q) for name, q in conditions.items()}
     with transaction.atomic(using=alias):
         if model is Message:
             grouped = queryset.values("queue").order_by("queue").annotate(**counters)
@@ -192,13 +186,13 @@ def _apply(
             rows = [{"queue": queue_of(model), **queryset.aggregate(**counters)}]
         counts: Counter[str] = Counter()
         for row in rows:
-            counts.update({name: row[name] for name in categories})
+            counts.update({name: row[name] for name in conditions})
         expected = sum(counts[name] for name in plan.eligible)
         if dry_run or not expected:
             changed = expected if dry_run else 0
         else:
-            eligible = reduce(operator.or_, (categories[name] for name in plan.eligible))
-            changed = write(queryset.filter(eligible))
+            eligible = reduce(operator.or_, (conditions[name] for name in plan.eligible))
+            changed = write(queryset.filter(eligible), now)
             if wake is not None and changed:
                 queues = [
                     r["queue"] for r in rows if r["queue"] and any(r[n] for n in plan.eligible)
@@ -225,12 +219,7 @@ def run_now(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationR
     them behind messages due since). Running and finished messages are
     skipped; use :func:`retry_failed` for failed or cancelled ones.
     """
-    now = clock.now()
-
-    def write(qs: QuerySet[Message]) -> int:
-        return qs.update(**_fit(qs.model, {"next_attempt_time": now, "updated_at": now}))
-
-    return _apply(queryset, _RUN_NOW, now, write, dry_run=dry_run, wake=now)
+    return _apply(queryset, _RUN_NOW, changes.run_now, dry_run=dry_run, wake=clock.now())
 
 
 def retry_failed(
@@ -251,24 +240,11 @@ def retry_failed(
             f"extra_attempts must be an integer from 1 to {MAX_EXTRA_ATTEMPTS}, "
             f"got {extra_attempts!r}"
         )
-    now = clock.now()
 
-    def write(qs: QuerySet[Message]) -> int:
-        return qs.update(
-            **_fit(
-                qs.model,
-                {
-                    "status": S.PENDING,
-                    "next_attempt_time": now,
-                    "max_attempts": F("attempt_count") + extra_attempts,
-                    "finished_at": None,
-                    "lock_token": None,
-                    "updated_at": now,
-                },
-            )
-        )
+    def write(rows: QuerySet[Message], now: Expression) -> int:
+        return changes.retry(rows, extra_attempts, now)
 
-    return _apply(queryset, _RETRY, now, write, dry_run=dry_run, wake=now)
+    return _apply(queryset, _RETRY, write, dry_run=dry_run, wake=clock.now())
 
 
 def cancel(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationResult:
@@ -277,23 +253,7 @@ def cancel(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationRe
     A running message is refused while its lease is valid (its worker would
     otherwise finish it anyway); one whose lease expired is cancelled.
     """
-    now = clock.now()
-
-    def write(qs: QuerySet[Message]) -> int:
-        return qs.update(
-            **_fit(
-                qs.model,
-                {
-                    "status": S.CANCELLED,
-                    "next_attempt_time": None,
-                    "finished_at": now,
-                    "lock_token": None,
-                    "updated_at": now,
-                },
-            )
-        )
-
-    return _apply(queryset, _WAITING, now, write, dry_run=dry_run)
+    return _apply(queryset, _WAITING, changes.cancel, dry_run=dry_run)
 
 
 def reschedule(
@@ -309,23 +269,12 @@ def reschedule(
     non-negative delay, not both). ``scheduled_time`` keeps the first
     schedule, so a rescheduled message's history stays visible.
     """
-    now = clock.now()
-    when = resolve_run_at(run_at, delay, now)
+    when = resolve_run_at(run_at, delay, clock.now())
 
-    def write(qs: QuerySet[Message]) -> int:
-        return qs.update(
-            **_fit(
-                qs.model,
-                {
-                    "status": S.PENDING,
-                    "next_attempt_time": when,
-                    "lock_token": None,
-                    "updated_at": now,
-                },
-            )
-        )
+    def write(rows: QuerySet[Message], now: Expression) -> int:
+        return changes.reschedule(rows, when, now)
 
-    return _apply(queryset, _WAITING, now, write, dry_run=dry_run, wake=when)
+    return _apply(queryset, _WAITING, write, dry_run=dry_run, wake=when)
 
 
 def reprioritise(
@@ -338,23 +287,20 @@ def reprioritise(
     check_priority(priority)
     if not has_priority(queryset.model):
         raise TypeError(f"{queryset.model.__name__} has no priority column to change")
-    now = clock.now()
 
-    def write(qs: QuerySet[Message]) -> int:
-        return qs.update(**_fit(qs.model, {"priority": priority, "updated_at": now}))
+    def write(rows: QuerySet[Message], now: Expression) -> int:
+        return changes.reprioritise(rows, priority, now)
 
-    return _apply(queryset, _REPRIORITISE, now, write, dry_run=dry_run)
+    return _apply(queryset, _REPRIORITISE, write, dry_run=dry_run)
 
 
 def delete(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationResult:
     """Delete messages, except running ones whose worker still holds the lease."""
-    now = clock.now()
 
-    def write(qs: QuerySet[Message]) -> int:
-        _, per_model = qs.delete()
-        return per_model.get(qs.model._meta.label, 0)
+    def write(rows: QuerySet[Message], now: Expression) -> int:
+        return changes.delete(rows)
 
-    return _apply(queryset, _DELETE, now, write, dry_run=dry_run)
+    return _apply(queryset, _DELETE, write, dry_run=dry_run)
 
 
 def has_priority(model: type[Any]) -> bool:
@@ -375,8 +321,19 @@ _PLANS: dict[str, _Plan] = {
 
 
 def category(message: Message, now: datetime | None = None) -> str:
-    """The category of :func:`_categories` that ``message`` falls in (its Python twin)."""
-    now = now or clock.now()
+    """The category of :func:`~django_delayq.store.queries.categories` ``message`` falls in.
+
+    Asked of the database, on its clock (one indexed read), unless ``now`` is
+    given: then judged here, on that time.
+    """
+    if now is None:
+        alias = message._state.db or router.db_for_read(Message)
+        rows: QueueQuerySet[Any] = QueueQuerySet(type(message)).using(alias).filter(pk=message.pk)
+        counts = rows.categorised()
+        found = next((name for name, n in counts.items() if n), None)
+        if found is not None:
+            return found
+        now = clock.now()  # the row is gone: judge what the page still shows
     due = message.next_attempt_time
     if message.status == S.PENDING:
         return "pending_due" if due is not None and due <= now else "pending_later"

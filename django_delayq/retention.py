@@ -1,18 +1,15 @@
-"""Removing finished messages once their retention has passed.
+"""Removing finished messages once their retention (``DELAYQ["RETENTION"]``) has passed.
 
-Deletes go in bounded batches by primary key, so pruning a large backlog
-never holds long locks or one huge transaction on a table workers claim from.
+The policy lives here; the bounded batched delete is ``store.changes.prune``.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import router
-
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.models import Message
+from django_delayq.store import changes
 
 
 def prune(
@@ -23,24 +20,15 @@ def prune(
     queues: list[str] | None = None,
     using: str | None = None,
 ) -> int:
-    """Delete finished messages that finished more than ``older_than`` ago."""
+    """Delete finished messages that finished more than ``older_than`` (``RETENTION``) ago."""
     config = get_config()
     retention = to_timedelta(config["RETENTION"] if older_than is None else older_than)
     if retention < timedelta(0):
         raise ValueError("older_than must not be negative")
-    batch = int(batch_size or config["PRUNE_BATCH_SIZE"])
-    alias = using or router.db_for_write(Message)
-    cutoff = clock.now() - retention
-    expired = (
-        Message.objects.using(alias).finished().in_queues(queues).filter(finished_at__lt=cutoff)
+    return changes.prune(
+        clock.now() - retention,
+        batch_size=int(batch_size or config["PRUNE_BATCH_SIZE"]),
+        max_batches=max_batches,
+        queues=queues,
+        using=using,
     )
-    total = 0
-    batches = 0
-    while max_batches is None or batches < max_batches:
-        ids = list(expired.order_by().values_list("id", flat=True)[:batch])
-        if not ids:
-            break
-        deleted, _ = expired.filter(id__in=ids).delete()
-        total += deleted
-        batches += 1
-    return total

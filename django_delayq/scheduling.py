@@ -20,7 +20,7 @@ deleted by an installer: an occurrence that began is left to finish.
 
 This module owns every statement cron makes on the queue table: the reads
 of pending ticks, the set-based deletes and cancellations, and the inserts
-(through :func:`django_delayq.producer.enqueue`).
+(through :func:`django_delayq.enqueuing.enqueue`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.store import changes
 
 if TYPE_CHECKING:
     from django_delayq.registry import HandlerFunc
@@ -758,18 +759,13 @@ def _db(using: str | None) -> str:
 
 
 def _tick_rows(queues: Iterable[str], alias: str) -> list[_TickRow]:
-    """Active tick messages of ``queues``.
-
-    Filtered on ``queue`` and the active statuses so that PostgreSQL reads
-    them off the partial ``delayq_due_idx`` instead of scanning finished rows.
-    """
-    queues = sorted(set(queues))
+    """Active tick messages of ``queues`` (read off the partial ``delayq_due_idx``)."""
+    queues = list(queues)
     if not queues:
         return []
     found = (
         Message.objects.using(alias)
-        .active()
-        .filter(queue__in=queues, key__startswith=KEY_PREFIX)
+        .ticks(queues, KEY_PREFIX)
         .values_list("id", "queue", "key", "status", "attempt_count")
     )
     rows = []
@@ -780,11 +776,6 @@ def _tick_rows(queues: Iterable[str], alias: str) -> list[_TickRow]:
         untouched = status == Message.Status.PENDING and attempts == 0
         rows.append(_TickRow(pk, queue, *parsed, untouched=untouched))
     return rows
-
-
-def _untouched(alias: str) -> Any:
-    """Ticks an installer may delete or cancel: pending, never attempted."""
-    return Message.objects.using(alias).filter(status=Message.Status.PENDING, attempt_count=0)
 
 
 def install_schedules(
@@ -816,7 +807,7 @@ def install_schedules(
     if names is None:
         orphans = [r.id for r in rows if r.untouched and r.name not in schedules]
         if orphans:
-            report.removed = _untouched(alias).filter(id__in=orphans).delete()[0]
+            report.removed = changes.delete_ticks(orphans, using=alias)
             logger.info("removed %d pending tick(s) of removed schedules", report.removed)
 
     for sched in selected.values():
@@ -844,7 +835,7 @@ def _select(schedules: dict[str, Schedule], names: Iterable[str]) -> dict[str, S
 def _install_one(
     sched: Schedule, now: datetime, rows: list[_TickRow], alias: str, result: InstallResult
 ) -> None:
-    from django_delayq.producer import Outcome, enqueue
+    from django_delayq.enqueuing import Outcome, enqueue
 
     qs = Message.objects.using(alias)
     stale = [r.id for r in rows if r.untouched and r.config_hash != sched.config_hash]
@@ -871,9 +862,14 @@ def _install_one(
     replaced = missed = created = 0
     with transaction.atomic(using=alias):
         if stale:
-            replaced = _untouched(alias).filter(id__in=stale).delete()[0]
+            replaced = changes.delete_ticks(stale, using=alias)
         if plan.cancel:
-            missed = _cancel_missed(sched, plan.cancel, now, alias)
+            missed = changes.cancel_ticks(
+                plan.cancel,
+                reason=f"Missed: not started within its grace period (catch_up={sched.catch_up})",
+                now=now,
+                using=alias,
+            )
         for tick in plan.install:
             outcome = enqueue(
                 sched.queue,
@@ -911,20 +907,6 @@ def _install_one(
         )
 
 
-def _cancel_missed(sched: Schedule, ids: list[int], now: datetime, alias: str) -> int:
-    return (
-        _untouched(alias)
-        .filter(id__in=ids)
-        .update(
-            status=Message.Status.CANCELLED,
-            next_attempt_time=None,
-            finished_at=now,
-            updated_at=now,
-            last_error=(f"Missed: not started within its grace period (catch_up={sched.catch_up})"),
-        )
-    )
-
-
 def uninstall_schedules(names: Iterable[str] | None = None, *, using: str | None = None) -> int:
     """Delete the pending, never attempted ticks of ``names`` (default: of every schedule).
 
@@ -932,7 +914,8 @@ def uninstall_schedules(names: Iterable[str] | None = None, *, using: str | None
     schedules again within ``CRON_INSTALL_INTERVAL``: remove a schedule from
     the configuration to stop it for good.
     """
-    qs = _untouched(_db(using)).filter(key__startswith=KEY_PREFIX)
+    alias = _db(using)
+    qs = Message.objects.using(alias).untouched().filter(key__startswith=KEY_PREFIX)
     if names is not None:
         prefixes = [f"{KEY_PREFIX}{_check_name(n)}:" for n in names]
         if not prefixes:
@@ -942,9 +925,7 @@ def uninstall_schedules(names: Iterable[str] | None = None, *, using: str | None
             condition |= Q(key__startswith=prefix)
         qs = qs.filter(condition)
     ids = [pk for pk, key in qs.values_list("id", "key") if parse_key(key)]
-    if not ids:
-        return 0
-    return _untouched(_db(using)).filter(id__in=ids).delete()[0]
+    return changes.delete_ticks(ids, using=alias)
 
 
 # -- overview (delayq_cron list, the admin) -----------------------------------------

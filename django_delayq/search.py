@@ -30,16 +30,16 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import reduce
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Collate
 
 from django_delayq.models import Message
+from django_delayq.store.features import features
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
 _INT = re.compile(r"^-?\d+$")
@@ -145,7 +145,9 @@ def field_condition(
     queryset: QuerySet[Message], term: FieldTerm, name: str
 ) -> tuple[QuerySet[Message], Q]:
     """The condition for one ``path=value`` term (and ``queryset`` with what it needs)."""
-    if connections[queryset.db].vendor == "postgresql" and not any(s.isdigit() for s in term.path):
+    if features(connections[queryset.db]).json_containment and not any(
+        s.isdigit() for s in term.path
+    ):
         # payload @> '{"a": {"b": v}}': the same rows as the key lookup for
         # scalar values, and a GIN index on payload can serve it.
         conditions = [Q(payload__contains=_nest(term.path, v)) for v in term.values]
@@ -184,111 +186,8 @@ def apply(queryset: QuerySet[Message], search: ParsedSearch | str) -> QuerySet[M
         queryset, condition = field_condition(queryset, term, f"_delayq_search_{i}")
         conditions.append(condition)
     queue_field = "queue"
-    if search.words and connections[queryset.db].vendor == "mysql":
+    if search.words and features(connections[queryset.db]).binary_text:
         queryset = queryset.alias(**{_QUEUE_CI: Collate("queue", "utf8mb4_general_ci")})
         queue_field = _QUEUE_CI
     conditions += [word_condition(w, queue_field) for w in search.words]
     return queryset.filter(*conditions)
-
-
-# -- filter choices -------------------------------------------------------------
-
-# Distinct values of an indexed column by a "loose index scan": each step
-# reads the next larger value off the index, so listing the 5 queues of a
-# table of a million messages reads about 5 index entries instead of every
-# row. (PostgreSQL before 18 has no skip scan; SQLite plans it the same way.)
-_DISTINCT_SQL = """
-WITH RECURSIVE v(x) AS (
-    SELECT (SELECT {col} FROM {table} WHERE {where} ORDER BY {col} LIMIT 1)
-    UNION ALL
-    SELECT (SELECT {col} FROM {table} WHERE {where} AND {col} > v.x ORDER BY {col} LIMIT 1)
-    FROM v WHERE v.x IS NOT NULL
-)
-SELECT x FROM v WHERE x IS NOT NULL LIMIT %s
-"""
-
-# Columns that lead an index, with that index's condition: queue (the
-# (queue, key) unique constraint) and kind (delayq_kind_idx, partial: without
-# the empty kind, which distinct_values() never returns).
-DISTINCT_COLUMNS = {"queue": "1 = 1", "kind": "NOT ({col} = '')"}
-
-
-def distinct_values(column: str, *, limit: int = 200, using: str | None = None) -> list[str]:
-    """Up to ``limit`` distinct values of ``queue`` or ``kind``, in order, without a full scan.
-
-    The empty kind is left out: it is not in the kind index, and the admin's
-    kind filter offers it anyway.
-    """
-    if column not in DISTINCT_COLUMNS:
-        raise ValueError(f"column must be one of {tuple(DISTINCT_COLUMNS)}, got {column!r}")
-    alias = using or router.db_for_read(Message)
-    connection = connections[alias]
-    if connection.vendor in ("postgresql", "sqlite"):
-        col = connection.ops.quote_name(column)
-        sql = _DISTINCT_SQL.format(
-            col=col,
-            table=connection.ops.quote_name(Message._meta.db_table),
-            where=DISTINCT_COLUMNS[column].format(col=col),
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [limit])
-            return [row[0] for row in cursor.fetchall()]
-    # MySQL/MariaDB plan this DISTINCT as a loose index scan themselves.
-    return list(
-        Message.objects.using(alias)
-        .exclude(**{column: ""})
-        .order_by(column)
-        .values_list(column, flat=True)
-        .distinct()[:limit]
-    )
-
-
-# -- cheap figures for the changelist ------------------------------------------------
-
-
-def estimated_count(using: str | None = None) -> int | None:
-    """The database's own estimate of the table's rows.
-
-    PostgreSQL's ``pg_class.reltuples`` (kept up to date by
-    autovacuum/ANALYZE) or InnoDB's ``information_schema.tables.table_rows``
-    on MariaDB/MySQL: reading it costs nothing, while an exact ``COUNT(*)``
-    reads the whole table. None on SQLite, and while there is no estimate yet.
-    """
-    connection = connections[using or router.db_for_read(Message)]
-    if connection.vendor == "mysql":
-        # InnoDB's own estimate (sampled index pages, refreshed as the table
-        # changes): as cheap to read as reltuples, and as approximate.
-        sql = (
-            "SELECT table_rows FROM information_schema.tables "
-            "WHERE table_schema = DATABASE() AND table_name = %s"
-        )
-        params = [Message._meta.db_table]
-    elif connection.vendor == "postgresql":
-        sql = "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)"
-        params = [connection.ops.quote_name(Message._meta.db_table)]
-    else:
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None or row[0] is None or row[0] < 0:
-        return None
-    return int(row[0])
-
-
-def created_bounds(using: str | None = None) -> tuple[datetime, datetime] | None:
-    """``created_at`` of the oldest and the newest message, read off the primary key.
-
-    Ids grow with creation time, so the first and last rows by id bound the
-    dates without an index on ``created_at`` (whose ``MIN``/``MAX`` would read
-    the whole table). Rows created with an explicit, out-of-order
-    ``created_at`` can fall outside; the date hierarchy only offers links.
-    """
-    rows = Message.objects.using(using or router.db_for_read(Message)).values_list(
-        "created_at", flat=True
-    )
-    first = rows.order_by("pk").first()
-    last = rows.order_by("-pk").first()
-    if first is None or last is None:
-        return None
-    return min(first, last), max(first, last)

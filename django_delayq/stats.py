@@ -7,20 +7,16 @@ page) is a handful of indexed queries that never count the whole table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 from django.db import router
-from django.db.models import Count, Min, Q
-from django.db.models.functions import TruncMinute
 
 from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
-from django_delayq.search import estimated_count
+from django_delayq.store.queries import estimated_count, minute
 
 S = Message.Status
 
@@ -46,24 +42,10 @@ class QueueStats:
 
 def queue_stats(queues: list[str] | None = None, using: str | None = None) -> list[QueueStats]:
     now = clock.now()
-    active = Q(status__in=Message.ACTIVE_STATUSES)
-    due = active & Q(next_attempt_time__lte=now)
-    future = Q(next_attempt_time__gt=now)
     rows = (
         Message.objects.using(using or router.db_for_read(Message))
         .in_queues(queues)
-        .values("queue")
-        .order_by("queue")
-        .annotate(
-            due=Count("id", filter=due),
-            scheduled=Count("id", filter=Q(status=S.PENDING, attempt_count=0) & future),
-            retrying=Count("id", filter=Q(status=S.PENDING, attempt_count__gt=0) & future),
-            running=Count("id", filter=Q(status=S.RUNNING) & future),
-            failed=Count("id", filter=Q(status=S.FAILED)),
-            succeeded=Count("id", filter=Q(status=S.SUCCEEDED)),
-            cancelled=Count("id", filter=Q(status=S.CANCELLED)),
-            oldest_due=Min("next_attempt_time", filter=due),
-        )
+        .totals_by_queue(now)
     )
     return [QueueStats(now=now, **row) for row in rows]
 
@@ -144,75 +126,6 @@ _WINDOW_FIELDS = (
 )
 
 
-def active_figures(
-    queues: list[str] | None, now: datetime, using: str
-) -> dict[str, dict[str, Any]]:
-    """Per queue: pending/running counts, split by due time, and the oldest due time.
-
-    Filtering on the active statuses first lets the database read only the
-    rows of the partial indexes, however many finished rows the table holds.
-    """
-    due = Q(next_attempt_time__lte=now)
-    future = Q(next_attempt_time__gt=now)
-    rows = (
-        Message.objects.using(using)
-        .active()
-        .in_queues(queues)
-        .values("queue")
-        .order_by()
-        .annotate(
-            pending=Count("status", filter=Q(status=S.PENDING)),
-            running=Count("status", filter=Q(status=S.RUNNING)),
-            due=Count("status", filter=due),
-            scheduled=Count("status", filter=Q(status=S.PENDING, attempt_count=0) & future),
-            retrying=Count("status", filter=Q(status=S.PENDING, attempt_count__gt=0) & future),
-            leased=Count("status", filter=Q(status=S.RUNNING) & future),
-            oldest_due=Min("next_attempt_time", filter=due),
-        )
-    )
-    return {row["queue"]: _without_queue(row) for row in rows}
-
-
-def failed_counts(queues: list[str] | None, using: str) -> dict[str, int]:
-    """Failed messages still kept, per queue (what triage has to look at)."""
-    rows = (
-        Message.objects.using(using)
-        .filter(status=S.FAILED)
-        .in_queues(queues)
-        .values("queue")
-        .order_by()
-        .annotate(n=Count("queue"))
-    )
-    return {row["queue"]: row["n"] for row in rows}
-
-
-def window_figures(
-    queues: list[str] | None, now: datetime, using: str
-) -> dict[str, dict[str, Any]]:
-    """Per queue: messages finished in the last 5 minutes and the last hour."""
-    short = Q(finished_at__gte=now - WINDOW_SHORT)
-    rows = (
-        Message.objects.using(using)
-        .finished()
-        .filter(finished_at__gte=now - WINDOW_LONG)
-        .in_queues(queues)
-        .values("queue")
-        .order_by()
-        .annotate(
-            succeeded_short=Count("status", filter=Q(status=S.SUCCEEDED) & short),
-            failed_short=Count("status", filter=Q(status=S.FAILED) & short),
-            succeeded_long=Count("status", filter=Q(status=S.SUCCEEDED)),
-            failed_long=Count("status", filter=Q(status=S.FAILED)),
-            cancelled_long=Count("status", filter=Q(status=S.CANCELLED)),
-        )
-    )
-    return {row["queue"]: _without_queue(row) for row in rows}
-
-
-def _without_queue(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in row.items() if name != "queue"}
-
-
 def throughput(
     queues: list[str] | None = None,
     *,
@@ -223,44 +136,26 @@ def throughput(
     """Messages finished per minute over ``window``, oldest first, gaps as zeros."""
     alias = using or router.db_for_read(Message)
     now = now or clock.now()
-    first = _minute(now - window) + timedelta(minutes=1)
-    rows = (
-        Message.objects.using(alias)
-        .filter(status__in=(S.SUCCEEDED, S.FAILED), finished_at__gte=first)
-        .in_queues(queues)
-        .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
-        .values("minute", "status")
-        .order_by()
-        .annotate(n=Count("status"))
-    )
-    counts: dict[tuple[datetime, str], int] = {
-        (_minute(row["minute"]), row["status"]): row["n"] for row in rows
-    }
+    first = minute(now - window) + timedelta(minutes=1)
+    counts = Message.objects.using(alias).in_queues(queues).finished_per_minute(first)
     points = []
-    minute = first
-    while minute <= now:
+    at = first
+    while at <= now:
         points.append(
-            ThroughputPoint(
-                minute,
-                counts.get((minute, S.SUCCEEDED), 0),
-                counts.get((minute, S.FAILED), 0),
-            )
+            ThroughputPoint(at, counts.get((at, S.SUCCEEDED), 0), counts.get((at, S.FAILED), 0))
         )
-        minute += timedelta(minutes=1)
+        at += timedelta(minutes=1)
     return points
-
-
-def _minute(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(second=0, microsecond=0)
 
 
 def dashboard(queues: list[str] | None = None, using: str | None = None) -> Dashboard:
     """Everything the admin dashboard shows, in five indexed queries."""
     alias = using or router.db_for_read(Message)
     now = clock.now()
-    active = active_figures(queues, now, alias)
-    failed = failed_counts(queues, alias)
-    windows = window_figures(queues, now, alias)
+    rows = Message.objects.using(alias).in_queues(queues)
+    active = rows.depth_by_queue(now)
+    failed = rows.failed_by_queue()
+    windows = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
     paused = paused_queues(queues, using=alias)
     names = set(active) | set(failed) | set(windows) | paused
     names |= set(registry.queues()) if queues is None else set(queues)

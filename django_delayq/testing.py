@@ -127,9 +127,9 @@ def run_pending(
     rows of a ``QueueFields`` model run too (after the due messages), for
     its queue: ``Attempt.message`` is then the row.
     """
-    from django_delayq import claim
     from django_delayq.queues import paused_queues
     from django_delayq.registry import registry
+    from django_delayq.store import changes
     from django_delayq.worker import resolve_queues
     from django_delayq.worker.execute import Result, execute
 
@@ -167,11 +167,11 @@ def run_pending(
                         "do handlers keep enqueueing due messages? (raise limit= if not)"
                     )
                 break
-            batch = claim.claim(message_queues, 1, worker=WORKER_NAME, lease=lease, using=alias)
+            batch = changes.claim(message_queues, 1, worker=WORKER_NAME, lease=lease, using=alias)
             for spec in row_specs:
                 if batch.messages:
                     break
-                batch = claim.claim(
+                batch = changes.claim(
                     [spec.queue],
                     1,
                     worker=WORKER_NAME,

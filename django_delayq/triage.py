@@ -1,6 +1,6 @@
 """Failure triage: failed and retrying messages grouped by error fingerprint.
 
-``claim.fail`` stores a fingerprint of every recorded error
+``store.changes.fail`` stores a fingerprint of every recorded error
 (``fingerprint.py``), so a group is one indexed value: grouping is one
 ``GROUP BY`` answered from ``delayq_fingerprint_idx`` alone, and acting on a
 group is a set-based operation (``operations.py``) on the rows with that
@@ -16,23 +16,20 @@ from datetime import datetime
 from typing import Any
 
 from django.db import router, transaction
-from django.db.models import Count, Max, Min, Q, QuerySet
 
 from django_delayq import operations
 from django_delayq.fingerprint import normalise, normalise_message, split_error
-from django_delayq.models import Message, MessageQuerySet
+from django_delayq.models import Message
 from django_delayq.payload import check_payload
+from django_delayq.store import changes
+from django_delayq.store.queries import MessageQuerySet
 
 S = Message.Status
 
 
 def failing(using: str | None = None) -> MessageQuerySet:
     """Messages to triage: failed, or pending again after a recorded error."""
-    return (
-        Message.objects.using(using or router.db_for_read(Message))
-        .exclude(error_fingerprint="")
-        .filter(Q(status=S.FAILED) | Q(status=S.PENDING, attempt_count__gt=0))
-    )
+    return Message.objects.using(using or router.db_for_read(Message)).failing()
 
 
 def group_messages(
@@ -103,19 +100,7 @@ def failure_groups(
     members normalise alike). "Seen" is the time of the failing attempt.
     """
     alias = using or router.db_for_read(Message)
-    rows = (
-        failing(alias)
-        .in_queues(queues)
-        .values("error_fingerprint", "queue")
-        .order_by()
-        .annotate(
-            failed=Count("id", filter=Q(status=S.FAILED)),
-            retrying=Count("id", filter=Q(status=S.PENDING)),
-            first_seen=Min("last_attempt_time"),
-            last_seen=Max("last_attempt_time"),
-            sample_id=Max("id"),
-        )
-    )
+    rows = Message.objects.using(alias).in_queues(queues).failure_groups()
     sums: dict[str, _Sums] = {}
     for row in rows:
         sums.setdefault(row["error_fingerprint"], _Sums()).add(row)
@@ -215,10 +200,8 @@ def edit_payload_and_retry(
     check_payload(payload)
     alias = using or router.db_for_write(Message)
     with transaction.atomic(using=alias):
-        target: QuerySet[Message] = Message.objects.using(alias).filter(
-            pk=message_id, status=S.FAILED
-        )
-        if not target.update(payload=payload):
+        if not changes.replace_failed_payload(message_id, payload, using=alias):
             return False
+        target = Message.objects.using(alias).filter(pk=message_id)
         result = operations.retry_failed(target, extra_attempts=extra_attempts)
         return result.changed == 1

@@ -80,6 +80,27 @@ def run_worker() -> Callable[..., object]:
     return run
 
 
+@pytest.fixture
+def serving_worker() -> Iterator[Callable[..., Worker]]:
+    """Start in-process serving workers (not --burst) in threads; stopped at the end."""
+    import threading
+
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(queues: list[str], **options: Any) -> Worker:
+        worker = Worker(queues, **options)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(60)
+        assert not thread.is_alive()
+
+
 class WorkerProcess:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args = args
@@ -147,7 +168,7 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
     """On MariaDB/MySQL, give queue and key the binary collation the README asks for."""
     if connection.vendor != "mysql":
         return
-    from django_delayq import mysql
+    from django_delayq.store import server
 
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(mysql.binary_columns_sql(connection))
+        cursor.execute(server.binary_columns_sql(connection))

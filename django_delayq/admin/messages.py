@@ -2,7 +2,7 @@
 
 Built for a table of millions of rows: the counts are capped or estimated
 (``MessagePaginator``), the queue and kind filters list their choices by a
-loose index scan (``search.distinct_values``), the date hierarchy reads its
+loose index scan (``store.queries.distinct_values``), the date hierarchy reads its
 bounds off the primary key (``templatetags/delayq_admin.py``), and the list
 query leaves the payload and the traceback in the database. Every change an
 operator makes goes through ``django_delayq.operations`` (see ``actions.py``).
@@ -42,9 +42,11 @@ from django.utils.translation import gettext_lazy
 from django_delayq import clock, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
-from django_delayq.models import Message, due_condition, retrying_condition
+from django_delayq.models import Message
 from django_delayq.payload import check_payload
 from django_delayq.registry import max_attempts_of, registry
+from django_delayq.store import changes, queries
+from django_delayq.store.queries import due_condition, retrying_condition
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -161,7 +163,7 @@ class MessagePaginator(Paginator):
     """Counts that stay cheap on a table of millions of messages.
 
     Without filters, on PostgreSQL and MariaDB/MySQL, the count is the database's estimate
-    (``search.estimated_count``) once the table is over ``ESTIMATE_ABOVE``
+    (``store.queries.estimated_count``) once the table is over ``ESTIMATE_ABOVE``
     rows. Otherwise the first page is read first (``per_page + 1`` rows): if
     that is all there is, it is the count and the page at once, so a search
     that finds a few messages reads the table once instead of twice; if not,
@@ -184,7 +186,7 @@ class MessagePaginator(Paginator):
     def count(self) -> int:
         queryset = cast(QuerySet[Message], self.object_list)
         if not queryset.query.where:
-            estimate = search.estimated_count(queryset.db)
+            estimate = queries.estimated_count(queryset.db)
             if estimate is not None and estimate > self.ESTIMATE_ABOVE:
                 self.estimated = estimate
                 return self.CAP + 1
@@ -247,7 +249,7 @@ class QueueFilter(ColumnFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        queues = set(search.distinct_values("queue")) | set(registry.queues())
+        queues = set(queries.distinct_values("queue")) | set(registry.queues())
         return [(q, q) for q in sorted(queues)]
 
 
@@ -258,7 +260,7 @@ class KindFilter(ColumnFilter):
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        kinds = set(search.distinct_values("kind"))
+        kinds = set(queries.distinct_values("kind"))
         kinds |= {spec.kind for spec in registry.all() if spec.kind}
         return [("", _("(no kind)")), *((k, k) for k in sorted(kinds))]
 
@@ -305,8 +307,8 @@ class OverdueFilter(admin.SimpleListFilter):
             seconds = int(value)
         except ValueError as exc:
             raise IncorrectLookupParameters(exc) from exc
-        cutoff = clock.now() - timedelta(seconds=seconds)
-        return queryset.filter(due_condition(cutoff))
+        # On the database's clock, like every due time.
+        return queryset.filter(due_condition(clock.sql_now_plus(-timedelta(seconds=seconds))))
 
 
 class RedeliveredFilter(admin.SimpleListFilter):
@@ -543,10 +545,7 @@ class MessageAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Message, form: Any, change: bool) -> None:
         """Write only the edited columns, so a concurrent worker's changes are kept."""
-        fields = [f for f in form.changed_data if f in MessageForm.Meta.fields]
-        if fields:
-            obj.updated_at = clock.now()
-            obj.save(update_fields=[*fields, "updated_at"])
+        changes.edit(obj, [f for f in form.changed_data if f in MessageForm.Meta.fields])
 
     # -- permissions ----------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from django.utils import formats, timezone
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 
-from django_delayq import search
+from django_delayq.models import Message
 
 register = template.Library()
 
@@ -26,7 +26,7 @@ def date_hierarchy(cl: ChangeList) -> dict[str, Any]:
     Django's own runs ``MIN``/``MAX`` and ``SELECT DISTINCT`` of the truncated
     dates over the filtered rows on every page load: several full scans of a
     large table. Here the bounds are the oldest and newest message, read off
-    the primary key (``search.created_bounds``), and every year, month or day
+    the primary key (``MessageQuerySet.created_bounds``), and every year, month or day
     between them is offered; one with no messages leads to an empty list.
     The same links, the same query parameters, the same template.
     """
@@ -34,7 +34,7 @@ def date_hierarchy(cl: ChangeList) -> dict[str, Any]:
     year_field = f"{field_name}__year"
     month_field = f"{field_name}__month"
     day_field = f"{field_name}__day"
-    bounds = search.created_bounds(cl.queryset.db)
+    bounds = Message.objects.using(cl.queryset.db).created_bounds()
     if bounds is None:
         return {"show": False}
     first, last = (timezone.localtime(b).date() for b in bounds)

@@ -30,10 +30,11 @@ from types import FrameType
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries, router
 
-from django_delayq import claim, liveness
+from django_delayq import liveness
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
+from django_delayq.store import changes
 from django_delayq.worker.acks import AckBuffer
 from django_delayq.worker.claimer import Claimer
 from django_delayq.worker.inflight import Book, InFlight, Lane
@@ -311,7 +312,7 @@ class Worker:
         released = 0
         for (token, model), ids in groups.items():
             try:
-                released += claim.release(
+                released += changes.release(
                     ids,
                     token,  # type: ignore[arg-type]
                     started=started,

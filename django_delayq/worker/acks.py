@@ -5,7 +5,7 @@ acknowledgement per message (the commit waits for the write-ahead log to
 reach the disk). Instead, executor threads hand each success of a non-atomic
 handler to an :class:`AckBuffer` and move on to the next message; the
 buffer's own thread commits everything handed to it in one compare-and-set
-transaction (``claim.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the
+transaction (``changes.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the
 first of them, or as soon as ``max_size`` are waiting, then logs and signals
 each success (after the commit, as for a single acknowledgement).
 
@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, connections, reset_queries
 
-from django_delayq import claim
 from django_delayq.models import Message
+from django_delayq.store import changes
 from django_delayq.worker.execute import lease_lost, record_success, settle
 
 logger = logging.getLogger("django_delayq.worker")
@@ -107,7 +107,7 @@ class AckBuffer:
         for message, token, _ in batch:
             held[token].append(message.pk)
         try:
-            mine = _settle_pairs(self.using, lambda: claim.ack_held(held, using=self.using))
+            mine = _settle_pairs(self.using, lambda: changes.ack_held(held, using=self.using))
         except DatabaseError:
             # As when a single acknowledgement cannot be recorded: the
             # messages keep their lease and are redelivered when it expires.

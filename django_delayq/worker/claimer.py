@@ -18,9 +18,11 @@ from datetime import timedelta
 
 from django.db.models import Min
 
-from django_delayq import claim, clock
-from django_delayq.models import Message, active_condition
+from django_delayq import clock
+from django_delayq.models import Message
 from django_delayq.queues import paused_queues
+from django_delayq.store import changes
+from django_delayq.store.queries import active_condition
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.wakeup import Waker
 
@@ -96,7 +98,7 @@ class Claimer:
             if limit <= 0:
                 continue
             entity = lane.model is not Message
-            result = claim.claim(
+            result = changes.claim(
                 queues,
                 limit,
                 worker=self.name,

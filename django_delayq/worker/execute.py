@@ -22,7 +22,7 @@ from typing import Protocol
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from django_delayq import claim, signals
+from django_delayq import signals
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import (
     Discard,
@@ -35,6 +35,7 @@ from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
+from django_delayq.store import changes
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -169,7 +170,7 @@ def execute(
         )
         if not settle(
             using,
-            lambda: claim.fail(
+            lambda: changes.fail(
                 message.pk, token, error=error, retry_at=None, using=using, model=type(message)
             ),
         ):
@@ -202,7 +203,7 @@ def execute(
         if spec.atomic:
             with transaction.atomic(using=using):
                 spec.func(message)
-                if group_acks is None and not claim.ack(
+                if group_acks is None and not changes.ack(
                     [message.pk], token, using=using, model=type(message)
                 ):
                     raise _LeaseLost
@@ -215,7 +216,7 @@ def execute(
         cap = max_attempts_of(message, spec) + 1
         if not settle(
             using,
-            lambda: claim.snooze(
+            lambda: changes.snooze(
                 message.pk,
                 token,
                 run_at=delay,
@@ -250,7 +251,7 @@ def execute(
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
         if not settle(
             using,
-            lambda: claim.fail(
+            lambda: changes.fail(
                 message.pk, token, error=error, retry_at=None, using=using, model=type(message)
             ),
         ):
@@ -293,7 +294,7 @@ def execute(
     if spec.atomic and group_acks is not None:
         group_acks.append((message, token))
     if not spec.atomic and not settle(
-        using, lambda: claim.ack([message.pk], token, using=using, model=type(message))
+        using, lambda: changes.ack([message.pk], token, using=using, model=type(message))
     ):
         return lease_lost(message)
     _announce(later, partial(record_success, message, time.monotonic() - started, using=using))
@@ -360,7 +361,7 @@ def _record_failure(
     error = describe(exc)
     if not settle(
         using,
-        lambda: claim.fail(
+        lambda: changes.fail(
             message.pk,
             token,
             error=error,

@@ -23,8 +23,9 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connections, reset_queries
 
-from django_delayq import claim, liveness
+from django_delayq import liveness
 from django_delayq.logs import message_fields
+from django_delayq.store import changes
 from django_delayq.worker.execute import record_time_limit
 from django_delayq.worker.inflight import Book, InFlight, Phase
 
@@ -110,7 +111,7 @@ class Keeper:
         """Push the lease of every held attempt; drop queued ones that turn out lost."""
         for (token, lease, model), items in self.book.leases().items():
             ids = [item.row.pk for item in items]
-            kept = claim.extend(ids, token, lease, using=self.using, model=model)
+            kept = changes.extend(ids, token, lease, using=self.using, model=model)
             if len(kept) == len(ids):
                 continue
             missed = [item for item in items if item.row.pk not in kept]
@@ -121,7 +122,7 @@ class Keeper:
             suspects = [item for item in missed if item.phase is not Phase.SETTLING]
             if not suspects:
                 continue
-            ours = claim.held_ids(
+            ours = changes.held_ids(
                 [item.row.pk for item in suspects], token, using=self.using, model=model
             )
             lost = [item for item in suspects if item.row.pk not in ours]

@@ -25,11 +25,11 @@ from django.conf import settings
 from django.db import connections, reset_queries, transaction
 from django.db.models import Model
 
-from django_delayq import claim
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import registry
+from django_delayq.store import changes
 from django_delayq.worker.acks import AckBuffer
 from django_delayq.worker.execute import Result, execute, lease_lost
 from django_delayq.worker.inflight import Book, InFlight
@@ -250,7 +250,7 @@ class Runner:
         for message, token in pending:
             held[token].append(message.pk)
         model = next(iter(members.values())).lane.model
-        mine = claim.ack_held(held, using=self.using, model=model)
+        mine = changes.ack_held(held, using=self.using, model=model)
         lost = {
             members[(model, message.pk)]
             for message, token in pending

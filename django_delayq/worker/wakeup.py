@@ -19,7 +19,8 @@ from typing import Any
 from django.db import connections
 
 from django_delayq import clock
-from django_delayq.producer import NOTIFY_CHANNEL
+from django_delayq.store.features import features
+from django_delayq.store.write import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -40,7 +41,7 @@ class Waker:
         self._listener: Any = None
         self.hint: datetime | None = None
         self._using = using
-        self._wants_listener = listen and connections[using].vendor == "postgresql"
+        self._wants_listener = listen and features(connections[using]).notify
         self._lost_at: float | None = None
         if self._wants_listener:
             self._listener = self._open_listener(using)

@@ -13,8 +13,9 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from django_delayq import claim, enqueue, enqueue_many, signals
+from django_delayq import enqueue, enqueue_many, signals
 from django_delayq.models import Message
+from django_delayq.store import changes
 from django_delayq.worker.execute import Result
 from tests.testapp.models import Effect
 
@@ -144,7 +145,7 @@ def test_lease_extension_skips_rows_locked_by_an_open_transaction():
     # The lease keeper must never wait for a group of atomic handlers (or any
     # transaction) holding one of its rows.
     enqueue_many("default", [{}, {}])
-    batch = claim.claim(["default"], 2, worker="w", lease=timedelta(minutes=1))
+    batch = changes.claim(["default"], 2, worker="w", lease=timedelta(minutes=1))
     ids = [m.pk for m in batch.messages]
     params = {
         k: v
@@ -157,7 +158,7 @@ def test_lease_extension_skips_rows_locked_by_an_open_transaction():
 
         def extend() -> None:
             try:
-                outcome.append(claim.extend(ids, batch.token, timedelta(minutes=5)))
+                outcome.append(changes.extend(ids, batch.token, timedelta(minutes=5)))
             finally:
                 connections.close_all()
 
@@ -182,27 +183,6 @@ def _db_now():
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
         return cursor.fetchone()[0]
-
-
-@pytest.fixture
-def serving_worker():
-    """Start an in-process serving worker (not --burst) in a thread; stopped at the end."""
-    from django_delayq.worker import Worker
-
-    started = []
-
-    def start(queues, **options):
-        worker = Worker(queues, **options)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(60)
-        assert not thread.is_alive()
 
 
 def test_a_buffered_message_whose_lease_was_lost_never_runs_in_a_group(settings, serving_worker):

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
+from django_delayq.store import changes
 from tests.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -73,22 +74,58 @@ def test_update_revives_a_finished_message():
     assert message.finished_at is None
 
 
-def test_update_of_a_running_message_revokes_its_token_but_waits_for_its_lease():
-    import uuid
+ENDINGS = {
+    "ack": lambda pk, token: changes.ack([pk], token),
+    "retry": lambda pk, token: changes.fail(
+        pk, token, error="x", retry_at=None, retry_in=timedelta(seconds=30)
+    ),
+    "fail": lambda pk, token: changes.fail(pk, token, error="x", retry_at=None),
+    "snooze": lambda pk, token: changes.snooze(
+        pk, token, run_at=timedelta(seconds=30), max_attempts=9
+    ),
+    "release": lambda pk, token: changes.release([pk], token, started=True),
+    "dead worker": lambda pk, token: sum(changes.release_workers(["w1"]).values()),
+}
 
-    lease_end = timezone.now() + timedelta(minutes=1)
-    message = MessageFactory(
-        key="k",
-        status="running",
-        lock_token=uuid.uuid4(),
-        next_attempt_time=lease_end,
-        attempt_count=1,
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_update_of_a_running_message_waits_for_the_running_attempt(ending):
+    enqueue("default", {"v": 1}, key="k", max_attempts=3)
+    first = changes.claim(["default"], 1, worker="w1", lease=timedelta(minutes=1))
+    lease_end = Message.objects.get(key="k").next_attempt_time
+    result = enqueue("default", {"v": 2}, key="k", on_conflict="update")
+    assert result.outcome is Outcome.UPDATED
+    row = Message.objects.get(key="k")
+    # The running attempt keeps its lease, and can still extend and settle it.
+    assert (row.status, row.lock_token, row.next_attempt_time) == (
+        "running",
+        first.token,
+        lease_end,
     )
+    assert changes.extend([row.pk], first.token, timedelta(minutes=2)) == {row.pk}
+    # The new version never runs beside it.
+    assert changes.claim(["default"], 1, worker="w2", lease=timedelta(minutes=1)).messages == []
+    # However the attempt ends, the new version is then due, from its first attempt.
+    assert ENDINGS[ending](row.pk, first.token) == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempt_count, row.payload, row.lock_token) == (
+        "pending",
+        0,
+        {"v": 2},
+        None,
+    )
+    assert row.finished_at is None
+    second = changes.claim(["default"], 1, worker="w2", lease=timedelta(minutes=1))
+    assert [(m.payload, m.attempt_count) for m in second.messages] == [({"v": 2}, 1)]
+
+
+def test_update_of_a_running_message_whose_attempt_was_lost_runs_the_new_version(fake_clock):
+    enqueue("default", {"v": 1}, key="k")
+    changes.claim(["default"], 1, worker="w1", lease=timedelta(seconds=30))
     enqueue("default", {"v": 2}, key="k", on_conflict="update")
-    message.refresh_from_db()
-    assert message.status == "pending"
-    assert message.lock_token is None
-    assert message.next_attempt_time == lease_end
+    fake_clock.advance(31)  # the worker died: its lease runs out
+    again = changes.claim(["default"], 1, worker="w2", lease=timedelta(seconds=30))
+    assert [(m.payload, m.attempt_count) for m in again.messages] == [({"v": 2}, 1)]
 
 
 def test_error_raises_and_writes_nothing_new():

@@ -8,9 +8,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_delayq import claim, enqueue, handler, operations
+from django_delayq import enqueue, handler, operations
 from django_delayq.models import Message
 from django_delayq.registry import registry
+from django_delayq.store import changes
 from django_delayq.worker.execute import Result
 from tests.testapp.models import Execution, Shipment
 
@@ -31,13 +32,14 @@ def test_rows_wait_until_scheduled():
     idle = Shipment.objects.create(reference="idle")
     assert (idle.status, idle.next_attempt_time) == ("pending", None)
     assert (
-        claim.claim([], 10, worker="w", lease=timedelta(seconds=30), model=Shipment).messages == []
+        changes.claim([], 10, worker="w", lease=timedelta(seconds=30), model=Shipment).messages
+        == []
     )
 
 
 def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
     first, second = shipments("a", "b")
-    result = claim.claim([], 10, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
+    result = changes.claim([], 10, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
     assert [r.pk for r in result.messages] == [first.pk, second.pk]
     row = Shipment.objects.get(pk=first.pk)
     assert (row.status, row.attempt_count, row.locked_by) == ("running", 1, "w-1")
@@ -46,11 +48,11 @@ def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
     assert row.next_attempt_time == fake_clock() + timedelta(seconds=30)
     # Held rows are not due: a second claimer gets nothing.
     assert (
-        claim.claim([], 10, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
+        changes.claim([], 10, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
         == []
     )
-    assert claim.ack([first.pk], result.token, model=Shipment) == 1
-    assert claim.ack([first.pk], result.token, model=Shipment) == 0  # no longer running
+    assert changes.ack([first.pk], result.token, model=Shipment) == 1
+    assert changes.ack([first.pk], result.token, model=Shipment) == 0  # no longer running
     row.refresh_from_db()
     assert (row.status, row.next_attempt_time, row.lock_token) == ("succeeded", None, None)
 
@@ -58,33 +60,34 @@ def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
 def test_claim_takes_the_highest_priority_first():
     low, high = shipments("low", "high")
     Shipment.objects.filter(pk=high.pk).update(priority=5)
-    result = claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    result = changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
     assert [r.reference for r in result.messages] == ["high"]
 
 
 def test_expired_lease_is_claimed_again_and_fences_off_the_old_holder(fake_clock):
     (row,) = shipments("a")
-    stale = claim.claim([], 1, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
+    stale = changes.claim([], 1, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
     fake_clock.advance(29)
     assert (
-        claim.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages == []
+        changes.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
+        == []
     )
     fake_clock.advance(2)
-    fresh = claim.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment)
+    fresh = changes.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment)
     assert [r.pk for r in fresh.messages] == [row.pk]
     assert fresh.messages[0].attempt_count == 2
     # The first holder's outcome, extension and release all match nothing now.
-    assert claim.ack([row.pk], stale.token, model=Shipment) == 0
-    assert claim.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == set()
-    assert claim.release([row.pk], stale.token, started=True, model=Shipment) == 0
-    assert claim.fail(row.pk, stale.token, error="late", retry_at=None, model=Shipment) == 0
+    assert changes.ack([row.pk], stale.token, model=Shipment) == 0
+    assert changes.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == set()
+    assert changes.release([row.pk], stale.token, started=True, model=Shipment) == 0
+    assert changes.fail(row.pk, stale.token, error="late", retry_at=None, model=Shipment) == 0
     assert Shipment.objects.get(pk=row.pk).locked_by == "w-2"
 
 
 def test_release_of_unstarted_rows_gives_the_attempt_back():
     (row,) = shipments("a")
-    held = claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
-    assert claim.release([row.pk], held.token, started=False, model=Shipment) == 1
+    held = changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    assert changes.release([row.pk], held.token, started=False, model=Shipment) == 1
     row.refresh_from_db()
     assert (row.status, row.attempt_count, row.lock_token) == ("pending", 0, None)
 
@@ -120,6 +123,27 @@ def test_max_attempts_of_the_handler_moves_rows_to_failed(run_worker, fake_clock
     assert Execution.objects.filter(message_id=row.pk).count() == 3
 
 
+@pytest.mark.parametrize("how", ["row", "queryset"])
+def test_scheduling_a_finished_row_runs_its_handler_again(run_worker, fake_clock, how):
+    (row,) = shipments("again", fail=99)
+    for _ in range(3):
+        run_worker(["shipments"])
+        fake_clock.advance(3600)
+    row.refresh_from_db()
+    assert (row.status, row.attempt_count) == ("failed", 3)
+    Shipment.objects.filter(pk=row.pk).update(fail=0)
+    if how == "row":
+        row.schedule()
+    else:
+        assert Shipment.objects.filter(pk=row.pk).schedule() == 1
+    stats = run_worker(["shipments"])
+    row.refresh_from_db()
+    # A new round of attempts: the handler ran (attempt 1 of 3), not a
+    # "gave up" for attempts that ended without an outcome.
+    assert (stats[Result.SUCCEEDED], row.status, row.attempt_count) == (1, "succeeded", 1)
+    assert Execution.objects.filter(message_id=row.pk, attempt=1).count() == 2
+
+
 def test_one_worker_consumes_messages_and_rows_together(run_worker):
     rows = shipments("a", "b", "c")
     message = enqueue("default", {}).message
@@ -151,8 +175,8 @@ def test_signals_name_the_model_as_sender(run_worker):
 
 def test_schedule_a_queryset_leaves_held_rows_alone(fake_clock):
     done, held = shipments("done", "held")
-    token = claim.claim([], 2, worker="w", lease=timedelta(seconds=30), model=Shipment).token
-    claim.ack([done.pk], token, model=Shipment)
+    token = changes.claim([], 2, worker="w", lease=timedelta(seconds=30), model=Shipment).token
+    changes.ack([done.pk], token, model=Shipment)
     later = fake_clock() + timedelta(hours=1)
     assert Shipment.objects.all().schedule(run_at=later) == 1
     assert Shipment.objects.get(pk=done.pk).status == "pending"
@@ -177,7 +201,7 @@ def test_schedule_wakes_listening_workers_on_commit():
 
     import psycopg
 
-    from django_delayq.producer import NOTIFY_CHANNEL
+    from django_delayq.store.write import NOTIFY_CHANNEL
 
     wanted = ("dbname", "user", "host", "port", "password")
     params = {k: v for k, v in connection.get_connection_params().items() if k in wanted}
@@ -201,7 +225,7 @@ def test_operations_work_on_the_model(fake_clock):
     assert (b.status, b.max_attempts, b.next_attempt_time) == ("pending", 5, fake_clock())
     assert operations.reprioritise(Shipment.objects.filter(pk=a.pk), 7).changed == 1
     assert Shipment.objects.get(pk=a.pk).priority == 7
-    claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
     result = operations.cancel(Shipment.objects.all())
     assert (result.changed, result.skipped) == (1, {operations.RUNNING: 1})
 
@@ -234,7 +258,7 @@ def test_schedule_of_a_held_row_is_refused_and_saves_only_the_queue_columns(fake
     from django_delayq.entity import RowHeld
 
     (row,) = shipments("a")
-    claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
     with pytest.raises(RowHeld, match="running under a worker's lease"):
         row.schedule()
     fake_clock.advance(31)  # the lease expired: the row may be queued again
@@ -273,6 +297,6 @@ def test_run_pending_of_a_row_queue_leaves_the_messages_of_other_queues():
 
 def test_a_claim_of_no_queue_claims_nothing():
     enqueue("default", {})
-    held = claim.claim([], 10, worker="w", lease=timedelta(seconds=30))
+    held = changes.claim([], 10, worker="w", lease=timedelta(seconds=30))
     assert held.messages == []
     assert Message.objects.get().status == "pending"

@@ -18,10 +18,11 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_delayq import Outcome, enqueue, enqueue_many, mysql
+from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.checks import check_database
-from django_delayq.claim import claim
 from django_delayq.models import Message
+from django_delayq.store import server
+from django_delayq.store.changes import claim
 from tests.conftest import wait_for
 
 needs_mysql = pytest.mark.skipif(
@@ -32,7 +33,7 @@ needs_mysql = pytest.mark.skipif(
 @needs_mysql
 @pytest.mark.django_db
 def test_this_server_is_recent_enough_and_older_ones_are_refused(monkeypatch):
-    assert mysql.version_problem(connection) is None
+    assert server.version_problem(connection) is None
     assert [e.id for e in check_database(databases=["default"])] == []
 
     old = (10, 5, 27) if connection.mysql_is_mariadb else (5, 7, 44)
@@ -47,7 +48,7 @@ def test_this_server_is_recent_enough_and_older_ones_are_refused(monkeypatch):
 @needs_mysql
 @pytest.mark.django_db(transaction=True)
 def test_case_insensitive_key_columns_are_reported_with_the_fix():
-    assert mysql.collation_problems(connection) == []  # tests/conftest.py applied the fix
+    assert server.collation_problems(connection) == []  # tests/conftest.py applied the fix
     qn = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
@@ -58,14 +59,14 @@ def test_case_insensitive_key_columns_are_reported_with_the_fix():
         warnings = check_database(databases=["default"])
         assert [w.id for w in warnings] == ["django_delayq.W050"]
         assert "key (utf8mb4_general_ci)" in warnings[0].msg
-        assert warnings[0].hint == f"run once: {mysql.binary_columns_sql(connection)}"
+        assert warnings[0].hint == f"run once: {server.binary_columns_sql(connection)}"
         enqueue("default", {}, key="Welcome")
         with pytest.raises(ImproperlyConfigured, match="W050"):
             enqueue("default", {}, key="welcome")
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(mysql.binary_columns_sql(connection))
-    assert mysql.collation_problems(connection) == []
+            cursor.execute(server.binary_columns_sql(connection))
+    assert server.collation_problems(connection) == []
 
 
 @pytest.mark.django_db

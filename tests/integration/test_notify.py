@@ -9,7 +9,7 @@ from django.db import connection, transaction
 
 from django_delayq import enqueue, enqueue_many
 from django_delayq.models import Message
-from django_delayq.producer import NOTIFY_CHANNEL
+from django_delayq.store.write import NOTIFY_CHANNEL
 from tests.conftest import wait_for
 
 pytestmark = [

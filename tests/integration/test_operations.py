@@ -7,9 +7,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_delayq import claim, enqueue, enqueue_many, operations
+from django_delayq import enqueue, enqueue_many, operations
 from django_delayq.models import Message
 from django_delayq.operations import OperationResult
+from django_delayq.store import changes
 from tests.factories import MessageFactory
 from tests.testapp.models import Execution
 
@@ -112,7 +113,7 @@ def test_retried_messages_are_claimed_again(fake_clock):
         status="failed", next_attempt_time=None, attempt_count=5, finished_at=fake_clock()
     )
     operations.retry_failed(Message.objects.filter(pk=message.pk))
-    claimed = claim.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
+    claimed = changes.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
     assert [m.pk for m in claimed.messages] == [message.pk]
     assert claimed.messages[0].attempt_count == 6
 
@@ -143,26 +144,26 @@ def test_cancel_stops_waiting_messages_and_refuses_a_held_lease(one_of_each, fak
 
 def test_a_running_message_is_refused_and_its_worker_can_still_ack_it():
     enqueue("default", {}, key="m")
-    held = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60))
+    held = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=60))
     result = operations.cancel(Message.objects.filter(key="m"))
     assert result == OperationResult(0, {"running": 1})
-    assert claim.ack([held.messages[0].pk], held.token) == 1
+    assert changes.ack([held.messages[0].pk], held.token) == 1
     assert Message.objects.get(key="m").status == "succeeded"
 
 
 def test_cancelling_an_expired_lease_fences_off_the_old_worker(fake_clock):
     enqueue("default", {}, key="m")
-    held = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
+    held = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
     fake_clock.advance(31)
     assert operations.cancel(Message.objects.filter(key="m")).changed == 1
-    assert claim.ack([held.messages[0].pk], held.token) == 0
+    assert changes.ack([held.messages[0].pk], held.token) == 0
     assert Message.objects.get(key="m").status == "cancelled"
 
 
 def test_cancelled_messages_are_not_claimed():
     enqueue_many("default", [{}, {}], keys=["a", "b"])
     operations.cancel(Message.objects.filter(key="a"))
-    claimed = claim.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
+    claimed = changes.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
     assert [m.key for m in claimed.messages] == ["b"]
 
 
@@ -192,9 +193,9 @@ def test_reschedule_by_delay(one_of_each, fake_clock):
 def test_rescheduled_message_waits_until_its_new_time(fake_clock):
     enqueue("default", {}, key="m")
     operations.reschedule(Message.objects.filter(key="m"), delay=timedelta(minutes=10))
-    assert not claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
+    assert not changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
     fake_clock.advance(minutes=10)
-    assert claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
+    assert changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
 
 
 @pytest.mark.parametrize(
@@ -227,7 +228,7 @@ def test_reprioritise_changes_what_may_still_run_without_touching_the_lease(one_
 def test_reprioritised_message_is_claimed_first():
     enqueue_many("default", [{}, {}], keys=["first", "second"])
     operations.reprioritise(Message.objects.filter(key="second"), 10)
-    claimed = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
+    claimed = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
     assert [m.key for m in claimed.messages] == ["second"]
 
 
@@ -298,11 +299,11 @@ def test_operations_that_make_messages_due_notify_on_postgresql(fake_clock):
 
 
 def test_rows_a_worker_changes_meanwhile_are_reported(one_of_each, fake_clock):
-    def write_none(queryset):
+    def write_none(queryset, now):
         return 0
 
     result = operations._apply(
-        Message.objects.all(), operations._WAITING, fake_clock(), write_none, dry_run=False
+        Message.objects.all(), operations._WAITING, write_none, dry_run=False
     )
     assert result.changed == 0
     assert result.skipped["changed meanwhile"] == 3
@@ -343,3 +344,36 @@ def test_retried_message_runs_and_succeeds_in_a_worker(run_worker):
     message = Message.objects.get(key="m")
     assert message.status == "succeeded" and message.attempt_count == 2
     assert Execution.objects.filter(message_id=message.pk).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_actions_judge_leases_by_the_database_clock(monkeypatch):
+    # The web server's clock runs ten minutes ahead of the database's: a
+    # lease of five minutes is still live, whatever this host believes.
+    from django.utils import timezone
+
+    from django_delayq import clock
+    from tests.testapp.models import Shipment
+
+    message = enqueue("default", {}).message
+    claimed = changes.claim(["default"], 1, worker="w", lease=timedelta(minutes=5))
+    shipment = Shipment.objects.create(reference="s")
+    Shipment.objects.filter(pk=shipment.pk).schedule()
+    held = changes.claim([], 1, worker="w", lease=timedelta(minutes=5), model=Shipment)
+    ahead = timezone.now() + timedelta(minutes=10)
+    monkeypatch.setattr(timezone, "now", lambda: ahead)
+    assert not clock.is_overridden()  # only this host's clock moved
+
+    selection = Message.objects.filter(pk=message.pk)
+    for operation in (operations.cancel, operations.reschedule, operations.delete):
+        result = operation(selection)
+        assert (result.changed, result.skipped) == (0, {"running": 1}), operation.__name__
+    row = Message.objects.get(pk=message.pk)
+    assert operations.holds_lease(row)
+    assert operations.applicable(row) == ["reprioritise"]
+    assert (row.status, row.lock_token) == ("running", claimed.token)
+
+    rows = Shipment.objects.filter(pk=shipment.pk)
+    assert rows.schedule() == 0
+    assert operations.cancel(rows).skipped == {"running": 1}
+    assert Shipment.objects.get(pk=shipment.pk).lock_token == held.token

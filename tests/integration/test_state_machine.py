@@ -25,8 +25,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_delayq import claim, clock, enqueue, operations
+from django_delayq import clock, enqueue, operations
 from django_delayq.models import Message
+from django_delayq.store import changes
 from tests.conftest import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -81,13 +82,16 @@ class QueueMachine(RuleBasedStateMachine):
             assert after["status"] == "pending" and after["attempt_count"] == 0
         elif on_conflict == "ignore":
             assert result.outcome == "ignored" and after == old
-        elif old["status"] == "running" and result.outcome == "updated":
+        elif old["status"] == "running":
             # The new version never runs beside the old one: the running
-            # attempt loses its token (it can no longer settle the message),
-            # and the message stays invisible until that lease expires.
-            assert after["status"] == "pending" and after["lock_token"] is None
-            assert after["next_attempt_time"] >= old["next_attempt_time"]
+            # attempt keeps its token and lease, and the new version waits
+            # for it to end (superseded_at).
+            assert result.outcome == "updated"
+            assert (after["status"], after["lock_token"]) == ("running", old["lock_token"])
+            assert after["next_attempt_time"] == old["next_attempt_time"]
             assert after["attempt_count"] == old["attempt_count"]
+            assert after["superseded_at"] is not None
+            assert after["payload"] == {"key": key} and after["priority"] == priority
         elif old["status"] in Message.FINISHED_STATUSES and result.outcome == "updated":
             # A finished message is delivered again, from its first attempt.
             assert after["status"] == "pending" and after["attempt_count"] == 0
@@ -97,7 +101,7 @@ class QueueMachine(RuleBasedStateMachine):
     def claim(self, limit: int, lease: int) -> None:
         now = self.clock()
         before = snapshot()
-        got = claim.claim(["default"], limit, worker="w", lease=timedelta(seconds=lease))
+        got = changes.claim(["default"], limit, worker="w", lease=timedelta(seconds=lease))
         ids = [m.pk for m in got.messages]
         due = {
             pk
@@ -108,7 +112,12 @@ class QueueMachine(RuleBasedStateMachine):
         assert len(ids) == min(limit, len(due))
         for message in got.messages:
             assert message.status == "running" and message.lock_token == got.token
-            assert message.attempt_count == before[message.pk]["attempt_count"] + 1
+            old = before[message.pk]
+            # A newer version that waited (its lease ran out) starts at attempt 1.
+            expected = 1 if old["superseded_at"] else old["attempt_count"] + 1
+            assert message.attempt_count == expected
+            assert message.superseded_at is None
+            self.attempts[message.pk] = message.attempt_count
             assert message.next_attempt_time == now + timedelta(seconds=lease)
         if ids:
             self.claims.append((got.token, ids))
@@ -123,17 +132,17 @@ class QueueMachine(RuleBasedStateMachine):
         before = Message.objects.get(pk=pk).as_dict()
         holds = before["status"] == "running" and before["lock_token"] == token
         changed = {
-            "ack": lambda: claim.ack([pk], token),
-            "fail_retry": lambda: claim.fail(
+            "ack": lambda: changes.ack([pk], token),
+            "fail_retry": lambda: changes.fail(
                 pk, token, error="x", retry_at=None, retry_in=timedelta(seconds=3)
             ),
-            "fail_final": lambda: claim.fail(pk, token, error="x", retry_at=None),
-            "snooze": lambda: claim.snooze(
+            "fail_final": lambda: changes.fail(pk, token, error="x", retry_at=None),
+            "snooze": lambda: changes.snooze(
                 pk, token, run_at=timedelta(seconds=2), max_attempts=before["attempt_count"] + 5
             ),
-            "release_started": lambda: claim.release([pk], token, started=True),
-            "release_unstarted": lambda: claim.release([pk], token, started=False),
-            "extend": lambda: len(claim.extend([pk], token, timedelta(seconds=30))),
+            "release_started": lambda: changes.release([pk], token, started=True),
+            "release_unstarted": lambda: changes.release([pk], token, started=False),
+            "extend": lambda: len(changes.extend([pk], token, timedelta(seconds=30))),
         }[op]()
         after = Message.objects.get(pk=pk).as_dict()
         if not holds:
@@ -141,6 +150,13 @@ class QueueMachine(RuleBasedStateMachine):
             assert after == before, f"{op} with a stale token changed the message"
             return
         assert changed == 1
+        if before["superseded_at"] and op != "extend":
+            # A newer version waited: whatever the outcome, it is due now.
+            assert (after["status"], after["attempt_count"]) == ("pending", 0)
+            assert after["superseded_at"] is None and after["finished_at"] is None
+            assert after["next_attempt_time"] == before["scheduled_time"]
+            self.attempts[pk] = 0
+            return
         expected = {
             "ack": "succeeded",
             "fail_retry": "pending",
@@ -182,6 +198,8 @@ class QueueMachine(RuleBasedStateMachine):
         for m in rows:
             where = f"{m.key}: {m.as_dict()}"
             assert m.status in Message.Status.values, where
+            if m.superseded_at is not None:
+                assert m.status == "running", where
             if m.status == "running":
                 assert m.lock_token is not None and m.next_attempt_time is not None, where
                 assert m.attempt_count >= 1 and m.locked_by == "w", where

@@ -6,8 +6,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_delayq import claim, enqueue, enqueue_many
+from django_delayq import clock, enqueue, enqueue_many
 from django_delayq.models import Message
+from django_delayq.store import changes
 from django_delayq.worker.execute import Result, execute
 from tests.testapp.models import Effect, Execution
 
@@ -109,8 +110,8 @@ def test_atomic_handler_failure_rolls_back_its_writes(run_worker, fake_clock):
 
 def test_atomic_handler_with_lost_lease_rolls_back(settings):
     message = enqueue("atomic", {"value": "stale"}).message
-    first = claim.claim(["atomic"], 1, worker="w1", lease=timedelta(seconds=-1))
-    second = claim.claim(["atomic"], 1, worker="w2", lease=timedelta(minutes=5))
+    first = changes.claim(["atomic"], 1, worker="w1", lease=timedelta(seconds=-1))
+    second = changes.claim(["atomic"], 1, worker="w2", lease=timedelta(minutes=5))
     assert second.messages and second.messages[0].pk == message.pk
     assert execute(first.messages[0], first.token, using="default") is Result.LEASE_LOST
     assert not Effect.objects.exists()
@@ -173,46 +174,46 @@ def test_handler_that_cannot_decode_its_payload_records_the_error(run_worker):
 
 def test_expired_lease_makes_the_message_claimable_again():
     message = enqueue("default", {}).message
-    first = claim.claim(["default"], 10, worker="w1", lease=timedelta(seconds=-1))
+    first = changes.claim(["default"], 10, worker="w1", lease=timedelta(seconds=-1))
     assert [m.pk for m in first.messages] == [message.pk]
-    second = claim.claim(["default"], 10, worker="w2", lease=timedelta(minutes=5))
+    second = changes.claim(["default"], 10, worker="w2", lease=timedelta(minutes=5))
     assert [m.attempt_count for m in second.messages] == [2]
-    assert claim.claim(["default"], 10, worker="w3", lease=timedelta(minutes=5)).messages == []
+    assert changes.claim(["default"], 10, worker="w3", lease=timedelta(minutes=5)).messages == []
 
 
 def test_stale_token_cannot_ack_fail_extend_or_release():
     message = enqueue("default", {}).message
-    stale = claim.claim(["default"], 1, worker="w1", lease=timedelta(seconds=-1))
-    fresh = claim.claim(["default"], 1, worker="w2", lease=timedelta(minutes=5))
+    stale = changes.claim(["default"], 1, worker="w1", lease=timedelta(seconds=-1))
+    fresh = changes.claim(["default"], 1, worker="w2", lease=timedelta(minutes=5))
     ids = [message.pk]
-    assert claim.ack(ids, stale.token) == 0
-    assert claim.fail(message.pk, stale.token, error="x", retry_at=None) == 0
-    assert claim.extend(ids, stale.token, timedelta(hours=1)) == set()
-    assert claim.release(ids, stale.token, started=True) == 0
-    assert claim.ack(ids, uuid.uuid4()) == 0
-    assert claim.ack(ids, fresh.token) == 1
+    assert changes.ack(ids, stale.token) == 0
+    assert changes.fail(message.pk, stale.token, error="x", retry_at=None) == 0
+    assert changes.extend(ids, stale.token, timedelta(hours=1)) == set()
+    assert changes.release(ids, stale.token, started=True) == 0
+    assert changes.ack(ids, uuid.uuid4()) == 0
+    assert changes.ack(ids, fresh.token) == 1
     assert Message.objects.get().status == "succeeded"
 
 
 def test_claim_batches_share_one_token_and_respect_the_limit():
     enqueue_many("default", [{}] * 5)
-    batch = claim.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
+    batch = changes.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
     assert len(batch.messages) == 3
     assert {m.lock_token for m in batch.messages} == {batch.token}
-    assert claim.ack([m.pk for m in batch.messages], batch.token) == 3
+    assert changes.ack([m.pk for m in batch.messages], batch.token) == 3
 
 
 def test_release_gives_back_unstarted_attempts():
     message = enqueue("default", {}).message
-    batch = claim.claim(["default"], 1, worker="w", lease=timedelta(minutes=1))
-    assert claim.release([message.pk], batch.token, started=False) == 1
+    batch = changes.claim(["default"], 1, worker="w", lease=timedelta(minutes=1))
+    assert changes.release([message.pk], batch.token, started=False) == 1
     message.refresh_from_db()
     assert (message.status, message.attempt_count, message.lock_token) == ("pending", 0, None)
 
 
 def test_claim_only_takes_the_workers_queues():
     enqueue("other", {})
-    assert claim.claim(["default"], 10, worker="w", lease=timedelta(minutes=1)).messages == []
+    assert changes.claim(["default"], 10, worker="w", lease=timedelta(minutes=1)).messages == []
 
 
 def test_lease_is_extended_while_a_long_handler_runs(run_worker, settings):
@@ -256,7 +257,7 @@ def test_pruning_removes_only_old_finished_messages(fake_clock):
 def test_a_message_that_keeps_killing_its_worker_stops_after_max_attempts(run_worker):
     message = enqueue("other", {}).message  # the handler allows 2 attempts
     for worker in ("w1", "w2"):  # two attempts that never report (crashed workers)
-        claim.claim(["other"], 1, worker=worker, lease=timedelta(seconds=-1))
+        changes.claim(["other"], 1, worker=worker, lease=timedelta(seconds=-1))
     stats = run_worker(["other"])
     message.refresh_from_db()
     assert (message.status, message.attempt_count) == ("failed", 3)
@@ -356,9 +357,43 @@ def test_a_keyboard_interrupt_in_the_main_thread_is_recorded_and_still_interrupt
     # Handlers run in the main thread only when called directly (the testing
     # helpers' run_pending): there a Ctrl-C must still stop the caller.
     message = enqueue("default", {"raise": "KeyboardInterrupt"}).message
-    batch = claim.claim(["default"], 1, worker="test", lease=timedelta(seconds=30))
+    batch = changes.claim(["default"], 1, worker="test", lease=timedelta(seconds=30))
     with pytest.raises(KeyboardInterrupt):
         execute(batch.messages[0], batch.token, using="default")
     message.refresh_from_db()
     assert (message.status, message.attempt_count) == ("pending", 1)
     assert message.last_error.startswith("KeyboardInterrupt")
+
+
+def test_an_update_of_a_running_message_never_runs_beside_it(serving_worker):
+    # "gated": lease 1 s. The first version waits at its gate for longer
+    # than its lease; an update meanwhile must wait for it to end.
+    from tests.conftest import wait_for
+    from tests.testapp.handlers import gate
+
+    def db_now():
+        return Message.objects.annotate(n=clock.sql_now()).values_list("n", flat=True)[0]
+
+    arrived, release = gate("v1")
+    message = enqueue("gated", {"v": 1, "gate": "v1"}, key="k").message
+    serving_worker(["gated"], concurrency=2)
+    assert arrived.wait(30)
+    claimed = Message.objects.get(pk=message.pk)
+    enqueue("gated", {"v": 2}, key="k", on_conflict="update")
+    wait_for(
+        lambda: db_now() > claimed.next_attempt_time + timedelta(seconds=1.5),
+        message="the first lease to pass",
+    )
+    started = Execution.objects.filter(message_id=message.pk).count()
+    release.set()
+    wait_for(
+        lambda: (
+            Execution.objects.filter(message_id=message.pk, finished__isnull=False).count() == 2
+        ),
+        message="both versions to run",
+    )
+    assert started == 1, "the new version ran while the first was still running"
+    first, second = Execution.objects.filter(message_id=message.pk).order_by("started")
+    assert (first.worker, second.worker) == ("1", "2")
+    assert second.started >= first.finished
+    wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", message="done")

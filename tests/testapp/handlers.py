@@ -117,15 +117,33 @@ def gate(name):
     return ARRIVED[name], GATES[name]
 
 
-@handler("atomic-gated", atomic=True, lease=1)
-def atomic_gated_handler(message):
-    """Writes an Effect (its attempt's lock token), then waits at its gate, if any."""
-    Effect.objects.create(message_id=message.pk, value=str(message.lock_token))
-    name = message.payload.get("gate")
+def _wait_at_gate(message):
+    name = message.payload.get("gate") if isinstance(message.payload, dict) else None
     if name:
         ARRIVED[name].set()
         if not GATES[name].wait(60):
             raise TimeoutError(f"gate {name!r} was never opened")
+
+
+@handler("gated", lease=1)
+def gated_handler(message):
+    """Records its run (Execution) and waits at its gate, if any, in between."""
+    execution = Execution.objects.create(
+        message_id=message.pk,
+        attempt=message.attempt_count,
+        worker=str(message.payload.get("v", "")),
+        queue=message.queue,
+        started=timezone.now(),
+    )
+    _wait_at_gate(message)
+    Execution.objects.filter(pk=execution.pk).update(finished=timezone.now())
+
+
+@handler("atomic-gated", atomic=True, lease=1)
+def atomic_gated_handler(message):
+    """Writes an Effect (its attempt's lock token), then waits at its gate, if any."""
+    Effect.objects.create(message_id=message.pk, value=str(message.lock_token))
+    _wait_at_gate(message)
 
 
 @handler("payloads")

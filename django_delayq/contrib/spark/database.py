@@ -2,21 +2,20 @@
 
 The executors' connection parameters come from the Django connection's own
 ``get_connection_params()``; the JDBC URL from its ``settings_dict``; the
-upsert's SQL from the model's fields and ``producer``'s ``ON CONFLICT``
-clause, so a pipeline ``--on-conflict update`` means exactly what
-``enqueue(..., on_conflict="update")`` means.
+statements that write the queue table from ``store`` (the upsert is
+``store.write``'s, the one write path of new messages, so a pipeline
+``--on-conflict update`` means exactly what ``enqueue(...,
+on_conflict="update")`` means).
 """
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -25,11 +24,8 @@ from django_delayq.conf import get_config
 from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan
 from django_delayq.models import Message
-
-# Shared with producer.py on purpose: the same columns, the same update rule.
-from django_delayq.producer import _INSERT_FIELDS as INSERT_FIELDS
-from django_delayq.producer import NOTIFY_CHANNEL, message_template
-from django_delayq.producer import _update_clause as update_clause
+from django_delayq.store import changes, write
+from django_delayq.store.features import features
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 ARCHIVE_LOCK = "django_delayq.archive"
@@ -125,68 +121,31 @@ def load_plan(
     task writes exactly what the first attempt did.
     """
     connection = connections[alias]
-    qn = connection.ops.quote_name
-    postgres = connection.vendor == "postgresql"
-    placeholder = "%s" if postgres else "?"
-    template = message_template(
+    shared = write.template(
         queue, kind=kind, priority=priority, due=now, max_attempts=None, now=now
     )
-    columns: list[str] = []
-    values: list[str] = []
-    params: list[Any] = []
-    for f in INSERT_FIELDS:
-        columns.append(qn(str(f.column)))
-        if f.name == "key":
-            values.append("src.key")
-        elif f.name == "payload":
-            values.append("src.payload::jsonb" if postgres else "src.payload")
-        elif f.name in ("next_attempt_time", "scheduled_time"):
-            values.append("src.due::timestamptz" if postgres else "src.due")
-        else:
-            values.append(placeholder)
-            params.append(_plain(f.get_db_prep_save(getattr(template, f.attname), connection)))
-    tbl = table(alias)
-    update = on_conflict == "update"
-    conflict = f"ON CONFLICT ({qn('queue')}, {qn('key')}) " + (
-        update_clause(connection, tbl) if update else "DO NOTHING"
+    load = write.bulk_load(connection, shared, on_conflict)
+    notify = (
+        write.NOTIFY_CHANNEL if features(connection).notify and get_config()["NOTIFY"] else None
     )
-    insert = f"INSERT INTO {tbl} ({', '.join(columns)}) SELECT {', '.join(values)} "
-    if postgres:
-        # One row per key: the first occurrence with ignore, the last with update
-        # (ON CONFLICT DO UPDATE may not touch a row twice in one statement).
-        sql = (
-            "WITH src AS (SELECT DISTINCT ON (key) key, payload, due FROM pg_temp.delayq_load "
-            f"ORDER BY key, ord {'DESC' if update else 'ASC'}), "
-            f"ins AS ({insert}FROM src {conflict} "
-            f"RETURNING (xmax = 0) AS created, {qn('next_attempt_time')} AS due) "
-            "SELECT count(*) FILTER (WHERE created), count(*) FILTER (WHERE NOT created), "
-            "min(due) FROM ins"
-        )
-        notify = NOTIFY_CHANNEL if get_config()["NOTIFY"] else None
-        return LoadPlan(target(alias), queue, sql, tuple(params), notify_channel=notify)
-    sql = (
-        f"{insert}FROM temp.delayq_load AS src WHERE src.ord IN "
-        f"(SELECT {'max' if update else 'min'}(ord) FROM temp.delayq_load GROUP BY key) "
-        f"ORDER BY src.key {conflict}"
+    return LoadPlan(
+        target(alias),
+        queue,
+        load.sql,
+        load.params,
+        existing_sql=load.existing_sql,
+        notify_channel=notify,
     )
-    existing = (
-        f"SELECT count(*) FROM {tbl} WHERE {qn('queue')} = ? "
-        f"AND {qn('key')} IN (SELECT key FROM temp.delayq_load)"
-    )
-    return LoadPlan(target(alias), queue, sql, tuple(params), existing_sql=existing)
-
-
-def _plain(value: Any) -> Any:
-    """A parameter without Django types (e.g. a ``TextChoices`` member), for the executors.
-
-    cloudpickle ships such objects by reference, and importing their module
-    on an executor would import Django models there.
-    """
-    return value.value if isinstance(value, enum.Enum) else value
 
 
 def delete_plan(alias: str) -> DeletePlan:
-    return DeletePlan(target(alias), table(alias))
+    statements = changes.archived_delete(connections[alias])
+    return DeletePlan(
+        target(alias),
+        delete_sql=statements["delete_sql"],
+        count_sql=statements.get("count_sql", ""),
+        select_sql=statements.get("select_sql", ""),
+    )
 
 
 class ArchiveLockLost(PipelineError):

@@ -176,10 +176,18 @@ def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
 
 @dataclass(frozen=True)
 class DeletePlan:
-    """Delete archived rows, each only if it is still the version archived."""
+    """Delete archived rows, each only if it is still the version archived.
+
+    The statements come from the data-access layer (``store/sql``):
+    PostgreSQL deletes matching versions in one statement and counts what
+    is left (``delete_sql``, ``count_sql``); SQLite reads the current
+    versions (``select_sql``), compares them here and deletes by id.
+    """
 
     target: DbTarget
-    table: str  # quoted
+    delete_sql: str
+    count_sql: str = ""
+    select_sql: str = ""
     finished: tuple[str, ...] = ("succeeded", "failed", "cancelled")
     batch_rows: int = DELETE_BATCH_ROWS
 
@@ -209,23 +217,13 @@ def delete_partition(plan: DeletePlan, rows: Iterable[Any]) -> Iterator[tuple[in
 
 def _delete_postgresql(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
     ids, statuses, attempts, updated, finished = (list(col) for col in zip(*batch, strict=True))
-    finished_sql = ", ".join(f"'{s}'" for s in plan.finished)
     with conn.transaction():
         cur = conn.cursor()
         # Re-checked by the DELETE itself: a row updated concurrently is
         # re-evaluated against its new version (READ COMMITTED) and skipped.
-        cur.execute(
-            f"DELETE FROM {plan.table} AS t USING unnest("
-            "%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[]"
-            ") AS a(id, status, attempt_count, updated_us, finished_us) "
-            "WHERE t.id = a.id AND t.status = a.status "
-            f"AND t.status IN ({finished_sql}) AND t.attempt_count = a.attempt_count "
-            "AND t.updated_at = 'epoch'::timestamptz + a.updated_us * interval '1 microsecond' "
-            "AND t.finished_at = 'epoch'::timestamptz + a.finished_us * interval '1 microsecond'",
-            [ids, statuses, attempts, updated, finished],
-        )
+        cur.execute(plan.delete_sql, [ids, statuses, attempts, updated, finished])
         deleted = cur.rowcount
-        cur.execute(f"SELECT count(*) FROM {plan.table} WHERE id = ANY(%s::bigint[])", [ids])
+        cur.execute(plan.count_sql, [ids])
         kept = cur.fetchone()[0]
     return deleted, kept
 
@@ -247,11 +245,7 @@ def _delete_sqlite(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, 
     # read of the current versions and its DELETE, nothing else can write.
     conn.execute("BEGIN IMMEDIATE")
     try:
-        current = conn.execute(
-            f"SELECT id, status, attempt_count, updated_at, finished_at FROM {plan.table} "
-            "WHERE id IN (SELECT value FROM json_each(?))",
-            [ids],
-        ).fetchall()
+        current = conn.execute(plan.select_sql, [ids]).fetchall()
         matching = [
             pk
             for pk, status, attempts, updated_at, finished_at in current
@@ -259,10 +253,7 @@ def _delete_sqlite(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, 
             and (status, attempts, _sqlite_micros(updated_at), _sqlite_micros(finished_at))
             == wanted[pk]
         ]
-        conn.execute(
-            f"DELETE FROM {plan.table} WHERE id IN (SELECT value FROM json_each(?))",
-            [json.dumps(matching)],
-        )
+        conn.execute(plan.delete_sql, [json.dumps(matching)])
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -45,8 +45,8 @@ from django_delayq import clock
 from django_delayq.conf import get_config
 from django_delayq.contrib.spark import PipelineError, database, dbapi
 from django_delayq.contrib.spark.storage import java_message
+from django_delayq.enqueuing import check_priority
 from django_delayq.models import KEY_MAX_LENGTH
-from django_delayq.producer import check_priority
 from django_delayq.registry import validate_kind, validate_queue_name
 
 if TYPE_CHECKING:

@@ -1,0 +1,329 @@
+"""Enqueueing messages: the public API, its validation and its outcomes.
+
+Everything is written through the caller's connection and transaction, so a
+message enqueued inside ``transaction.atomic()`` exists exactly when the
+business data that caused it does. Validation happens before the first
+statement: a bad argument raises and writes nothing. The writing itself is
+``store.write``'s, the one write path of new messages.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, Literal
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections, router, transaction
+from django.utils import timezone
+
+from django_delayq import clock, signals
+from django_delayq.conf import to_timedelta
+from django_delayq.exceptions import DuplicateMessage
+from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
+from django_delayq.payload import encode_payload
+from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.store import write
+from django_delayq.store.write import Outcome
+
+OnConflict = Literal["ignore", "update", "error"]
+ON_CONFLICT_CHOICES = ("ignore", "update", "error")
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    outcome: Outcome
+    message: Message
+
+
+# -- validation ---------------------------------------------------------------
+
+
+def _check_key(key: object, where: str = "") -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{where}key must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError(f"{where}key must not be empty (pass None for a generated key)")
+    if len(key) > KEY_MAX_LENGTH:
+        raise ValueError(f"{where}key is {len(key)} characters, over {KEY_MAX_LENGTH}")
+    if "\x00" in key:
+        raise ValueError(f"{where}key contains a NUL character (\\x00)")
+    return key
+
+
+def resolve_run_at(
+    run_at: datetime | None, delay: timedelta | int | float | None, now: datetime
+) -> datetime:
+    """The due time from ``run_at`` or ``delay`` (at most one of them)."""
+    if run_at is not None and delay is not None:
+        raise ValueError("pass either run_at or delay, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        if settings.USE_TZ and timezone.is_naive(run_at):
+            raise ValueError(
+                "run_at is a naive datetime while USE_TZ is True; pass an aware datetime "
+                "(e.g. django.utils.timezone.now() + timedelta(...))"
+            )
+        return run_at
+    if delay is not None:
+        delta = to_timedelta(delay)
+        if delta < timedelta(0):
+            raise ValueError(f"delay must not be negative, got {delay!r}")
+        return now + delta
+    return now
+
+
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValueError(f"priority {priority} is out of range [{PRIORITY_MIN}, {PRIORITY_MAX}]")
+    return priority
+
+
+# Public name for the other writers of the queue columns (operations.py).
+check_priority = _check_priority
+
+
+def _check_max_attempts(max_attempts: object) -> int | None:
+    if max_attempts is None:
+        return None
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(f"max_attempts must be a positive integer or None, got {max_attempts!r}")
+    return max_attempts
+
+
+def _check_on_conflict(on_conflict: object) -> str:
+    if on_conflict not in ON_CONFLICT_CHOICES:
+        raise ValueError(
+            f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}; got {on_conflict!r}"
+        )
+    return str(on_conflict)
+
+
+# -- public API ---------------------------------------------------------------
+
+
+def enqueue(
+    queue: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> EnqueueResult:
+    """Put one message on ``queue``, due at ``run_at`` / after ``delay`` / now.
+
+    ``key`` de-duplicates within the queue: an existing key is left alone
+    (``ignore``), replaced (``update``: a pending message gets the new payload
+    and schedule, a finished one is delivered again), or refused (``error``,
+    raising :class:`DuplicateMessage`).
+    """
+    return enqueue_many(
+        queue,
+        [payload],
+        keys=None if key is None else [key],
+        kind=kind,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        on_conflict=on_conflict,
+        using=using,
+    )[0]
+
+
+def enqueue_many(
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str] | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> list[EnqueueResult]:
+    """Enqueue many messages in a few statements; one result per payload, in order.
+
+    ``keys=None`` gives each message a fresh unique key. Repeated keys within
+    one call count as conflicts with the first occurrence (``update`` keeps
+    the last payload). The whole call is one transaction (or part of the
+    caller's): either every message is written or none is.
+    """
+    validate_queue_name(queue)
+    validate_kind(kind)
+    payloads = list(payloads)
+    if keys is None:
+        key_list = [uuid.uuid4().hex for _ in payloads]
+    else:
+        if isinstance(keys, str):
+            raise TypeError("keys must be a sequence of str, not a single str")
+        key_list = list(keys)
+        if len(key_list) != len(payloads):
+            raise ValueError(f"got {len(payloads)} payloads but {len(key_list)} keys")
+    many = len(payloads) > 1
+    encoded: list[str] = []
+    for i, (k, p) in enumerate(zip(key_list, payloads, strict=True)):
+        where = f"message {i}: " if many else ""
+        _check_key(k, where)
+        encoded.append(encode_payload(p, where))
+    _check_priority(priority)
+    max_attempts = _check_max_attempts(max_attempts)
+    _check_on_conflict(on_conflict)
+    now = clock.now()
+    due = resolve_run_at(run_at, delay, now)
+    if not payloads:
+        return []
+
+    # Repeated keys in one call: the database may only touch a row once per
+    # statement, so collapse them here and report the repeats as conflicts.
+    first_index: dict[str, int] = {}
+    for i, k in enumerate(key_list):
+        if k in first_index:
+            if on_conflict == "error":
+                raise DuplicateMessage(queue, [k])
+            if on_conflict == "update":
+                payloads[first_index[k]] = payloads[i]
+                encoded[first_index[k]] = encoded[i]
+        else:
+            first_index[k] = i
+
+    shared = write.template(
+        queue, kind=kind, priority=priority, due=due, max_attempts=max_attempts, now=now
+    )
+    alias = using or router.db_for_write(Message)
+    connection = connections[alias]
+    keys = list(first_index)
+    texts = {k: encoded[i] for k, i in first_index.items()}
+    values = {k: payloads[i] for k, i in first_index.items()}
+    wake = write.notify_body(connection, queue, due)
+    if (
+        on_conflict == "ignore"
+        and wake is not None
+        and len(keys) <= write.CHUNK_ROWS
+        and not connection.in_atomic_block
+        and not signals.message_enqueued.receivers
+    ):
+        # One statement does it all (insert, NOTIFY): in autocommit it is its
+        # own transaction, one round trip instead of BEGIN, INSERT, NOTIFY,
+        # COMMIT. Only the read of ignored duplicates may follow, and it writes
+        # nothing.
+        outcomes = write.write(connection, shared, keys, texts, values, on_conflict, wake=wake)
+        return _results(key_list, first_index, outcomes, on_conflict)
+    with transaction.atomic(using=alias, savepoint=on_conflict == "error"):
+        # The NOTIFY of "ignore" rides on the insert: one round trip less.
+        riding = wake if on_conflict == "ignore" else None
+        outcomes = write.write(connection, shared, keys, texts, values, on_conflict, wake=riding)
+        if on_conflict == "error":
+            clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
+            if clashes:
+                raise DuplicateMessage(queue, clashes)
+        if riding is None and wake is not None:
+            if any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
+                write.notify(connection, queue, due)
+        if signals.message_enqueued.receivers:
+            # On commit of the caller's transaction: a message rolled back
+            # with the business data that caused it is never announced.
+            changed = [(o, m) for o, m in outcomes.values() if o is not Outcome.IGNORED]
+            transaction.on_commit(partial(_announce, changed, alias), using=alias)
+
+    return _results(key_list, first_index, outcomes, on_conflict)
+
+
+def _results(
+    key_list: list[str],
+    first_index: dict[str, int],
+    outcomes: dict[str, tuple[Outcome, Message]],
+    on_conflict: OnConflict,
+) -> list[EnqueueResult]:
+    """One result per requested key, in order; a key repeated in the call is a conflict."""
+    results: list[EnqueueResult] = []
+    for i, k in enumerate(key_list):
+        outcome, message = outcomes[k]
+        if first_index[k] != i:
+            outcome = Outcome.UPDATED if on_conflict == "update" else Outcome.IGNORED
+        results.append(EnqueueResult(outcome, message))
+    return results
+
+
+def _announce(changed: Sequence[tuple[Outcome, Message]], using: str) -> None:
+    for outcome, message in changed:
+        signals.send(signals.message_enqueued, message=message, outcome=outcome, using=using)
+
+
+async def aenqueue(
+    queue: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> EnqueueResult:
+    """``enqueue`` for async code (async views, ASGI consumers); same arguments.
+
+    Django runs database work of async code in a thread (``sync_to_async``
+    with ``thread_sensitive=True``, as the ORM's async methods do), and a
+    transaction cannot span ``await``: the message is written and committed
+    in a transaction of its own, like ``Model.objects.acreate``. When it must
+    commit together with other writes, put them and ``enqueue`` in one sync
+    function under ``transaction.atomic()`` and await that function through
+    ``sync_to_async``.
+    """
+    return await sync_to_async(enqueue, thread_sensitive=True)(
+        queue,
+        payload,
+        key=key,
+        kind=kind,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        on_conflict=on_conflict,
+        using=using,
+    )
+
+
+async def aenqueue_many(
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str] | None = None,
+    kind: str = "",
+    run_at: datetime | None = None,
+    delay: timedelta | int | float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    on_conflict: OnConflict = "ignore",
+    using: str | None = None,
+) -> list[EnqueueResult]:
+    """``enqueue_many`` for async code; one transaction of its own (see ``aenqueue``)."""
+    return await sync_to_async(enqueue_many, thread_sensitive=True)(
+        queue,
+        list(payloads),
+        keys=keys,
+        kind=kind,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        on_conflict=on_conflict,
+        using=using,
+    )

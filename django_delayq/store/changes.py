@@ -1,0 +1,817 @@
+"""Every state change of a queued row, each a named function.
+
+A worker's changes (claim, ack, fail, snooze, release, extend) are
+compare-and-set statements on ``(id, lock_token)`` with ``status =
+'running'``: a worker whose lease expired, and whose row was claimed again
+by someone else, can no longer change it. An operator's changes (run now,
+retry, cancel, reschedule, reprioritise, delete) are set-based updates of a
+queryset whose condition the caller chose (``operations.py`` decides who
+is eligible). Cron, pruning, dead workers and the Tasks backend's payload
+writes are here too: no other module writes the queue columns.
+
+Every function takes the table as ``model`` (or a queryset of it):
+``Message``, or a model with ``entity.QueueFields``, whose rows are the
+messages. Such a model has the columns of ``models.QueueColumns`` but none
+of the message's bookkeeping (``updated_at``, ``finished_at``,
+``error_fingerprint``, ``queue``, ``priority``) unless it declares them:
+each change names every column a message gets, and :func:`fit` keeps
+those the table has.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.db.models import (
+    Case,
+    DateTimeField,
+    Expression,
+    F,
+    Field,
+    Model,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.db.models.functions import Greatest
+from django.db.models.sql.subqueries import UpdateQuery
+
+from django_delayq import clock
+from django_delayq.fingerprint import fingerprint
+from django_delayq.models import Message
+from django_delayq.status import FINISHED, Status
+from django_delayq.store.features import features
+from django_delayq.store.queries import due_condition, held_condition
+from django_delayq.store.rows import returned_columns, rows_from
+from django_delayq.store.sql import statement
+
+# Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
+# instead of sorting every due row (adding "id" here forces that sort).
+CLAIM_ORDER = ("-priority", "next_attempt_time")
+
+
+def _db(using: str | None, model: type[Model] = Message) -> str:
+    return using or router.db_for_write(model)
+
+
+@cache
+def _columns(model: type[Model]) -> frozenset[str]:
+    return frozenset(f.name for f in model._meta.concrete_fields)
+
+
+def fit(model: type[Model], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` without the columns ``model`` does not have."""
+    columns = _columns(model)
+    return {name: value for name, value in changes.items() if name in columns}
+
+
+def has_column(model: type[Model], name: str) -> bool:
+    return name in _columns(model)
+
+
+def _field(model: type[Model], name: str) -> Field[Any, Any]:
+    field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field
+
+
+def _quoted(model: type[Model], connection: Any, *names: str) -> dict[str, str]:
+    qn = connection.ops.quote_name
+    out = {name: qn(str(_field(model, name).column)) for name in names}
+    out["table"] = qn(model._meta.db_table)
+    return out
+
+
+# -- claim ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A batch of rows claimed together; they share one lock token."""
+
+    token: uuid.UUID
+    # Messages, or rows of the ``QueueFields`` model that was claimed.
+    messages: list[Any]
+
+
+def claim_order(model: type[Model]) -> tuple[str, ...]:
+    """Highest priority first where the table has one, then by due time."""
+    return CLAIM_ORDER if has_column(model, "priority") else ("next_attempt_time",)
+
+
+def _lease_expression(
+    leases: Mapping[tuple[str, str | None], timedelta], default: timedelta
+) -> Expression:
+    """The database's ``now() + lease``, where the lease depends on queue and kind."""
+    whens = []
+    # Kind-specific handlers must win over their queue's catch-all.
+    for (queue, kind), lease in sorted(leases.items(), key=lambda item: item[0][1] is None):
+        if lease == default:
+            continue
+        condition = Q(queue=queue) if kind is None else Q(queue=queue, kind=kind)
+        whens.append(When(condition, then=clock.sql_now_plus(lease)))
+    default_value = clock.sql_now_plus(default)
+    if not whens:
+        return default_value
+    return Case(*whens, default=default_value, output_field=DateTimeField())
+
+
+@dataclass(frozen=True)
+class _ClaimKey:
+    """Everything a claim statement depends on but its lock token."""
+
+    model: type[Model]
+    alias: str
+    queues: tuple[str, ...] | None  # None: the model is the queue
+    limit: int
+    worker: str
+    lease: timedelta
+    leases: frozenset[tuple[tuple[str, str | None], timedelta]]
+
+
+def claim(
+    queues: Collection[str],
+    limit: int,
+    *,
+    worker: str,
+    lease: timedelta,
+    leases: Mapping[tuple[str, str | None], timedelta] | None = None,
+    using: str | None = None,
+    model: type[Model] = Message,
+) -> Claim:
+    """Claim up to ``limit`` due rows of ``queues``, highest priority first.
+
+    Due means pending with ``next_attempt_time <= now``, or running with an
+    expired lease (the redelivery of a crashed worker's message). Claimed
+    rows become ``running`` with a fresh token, one more attempt, and a lease
+    of ``now + lease``. For a ``QueueFields`` model, ``queues`` and
+    ``leases`` are ignored (the model is the queue) and every row gets ``lease``.
+    """
+    alias = _db(using, model)
+    token = uuid.uuid4()
+    lanes: tuple[str, ...] | None = tuple(queues)
+    if not has_column(model, "queue"):
+        lanes, leases = None, None
+    elif not lanes:
+        return Claim(token, [])  # no queue given: nothing to claim (not "every queue")
+    key = _ClaimKey(
+        model, alias, lanes, limit, worker[:255], lease, frozenset((leases or {}).items())
+    )
+    if features(connections[alias]).limit_in_subquery:
+        messages = _claim_in_one_statement(key, token)
+        # RETURNING has no order: run them highest priority first, then oldest.
+        if has_column(model, "priority"):
+            messages.sort(key=lambda m: (-m.priority, m.pk))
+        else:
+            messages.sort(key=lambda m: m.pk)
+        return Claim(token, messages)
+    # MariaDB/MySQL: no UPDATE ... RETURNING, and no LIMIT in an IN
+    # subquery: lock the rows we pick (skipping those other workers are
+    # picking, so claimers never wait on each other), mark them, read them.
+    rows = model._base_manager.using(alias)
+    with transaction.atomic(using=alias):
+        ids = list(_picked(key).select_for_update(skip_locked=True).values_list("pk", flat=True))
+        if not ids:
+            return Claim(token, [])
+        rows.filter(pk__in=ids).update(**_claim_changes(key), lock_token=token)
+    messages = list(rows.filter(lock_token=token, status="running").order_by(*claim_order(model)))
+    return Claim(token, messages)
+
+
+def _picked(key: _ClaimKey) -> QuerySet[Any]:
+    """The first ``limit`` due rows of the queues, in claim order (their keys)."""
+    due = key.model._base_manager.using(key.alias).filter(due_condition(clock.sql_now()))
+    if key.queues is not None:
+        due = due.filter(queue__in=list(key.queues))
+    return due.order_by(*claim_order(key.model)).values("pk")[: key.limit]
+
+
+def _claim_changes(key: _ClaimKey) -> dict[str, Any]:
+    """What a claim writes, but the lock token.
+
+    A row whose newer version was waiting (its previous attempt's lease ran
+    out) starts that version's first attempt.
+    """
+    now = clock.sql_now()
+    changes: dict[str, Any] = {
+        "status": Status.RUNNING,
+        "locked_by": key.worker,
+        "attempt_count": F("attempt_count") + 1,
+        "last_attempt_time": now,
+        "next_attempt_time": _lease_expression(dict(key.leases), key.lease),
+        "updated_at": now,
+    }
+    if has_column(key.model, "superseded_at"):
+        changes["attempt_count"] = Case(
+            When(superseded_at__isnull=False, then=Value(1)),
+            default=F("attempt_count") + 1,
+            output_field=_field(key.model, "attempt_count"),
+        )
+        changes["superseded_at"] = None
+    return fit(key.model, changes)
+
+
+# What an attempt's end leaves when a newer version of its message waits
+# (enqueue with on_conflict="update" while it ran): that version, due at its
+# scheduled time, from its first attempt. Whatever the attempt's outcome,
+# the message is not finished: it has a version still to run.
+_NEWER_VERSION: dict[str, Any] = {
+    "status": Status.PENDING,
+    "next_attempt_time": F("scheduled_time"),
+    "attempt_count": 0,
+    "max_attempts": F("max_attempts"),
+    "finished_at": None,
+    "lock_token": None,
+    "superseded_at": None,
+}
+
+
+def _ending(model: type[Model], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` that end an attempt, made to leave a waiting newer version due."""
+    out = dict(changes)
+    if "status" not in changes or not has_column(model, "superseded_at"):
+        return out
+    waiting = Q(superseded_at__isnull=False)
+    for name, newer in _NEWER_VERSION.items():
+        field = _field(model, name)
+        out[name] = Case(
+            When(waiting, then=_as_expression(newer, field)),
+            default=_as_expression(changes.get(name, F(name)), field),
+            output_field=field,
+        )
+    return out
+
+
+def _as_expression(value: Any, field: Field[Any, Any]) -> Any:
+    return value if hasattr(value, "resolve_expression") else Value(value, output_field=field)
+
+
+_claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
+
+
+def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
+    """Pick, mark and read the claimed rows in one statement (PostgreSQL, SQLite).
+
+    ``UPDATE ... WHERE pk IN (<the first due rows> FOR UPDATE SKIP LOCKED)
+    RETURNING *``: one round trip, and in autocommit its own transaction.
+    The pick is the ORM's ``select_for_update(skip_locked=True)``: on
+    PostgreSQL it locks the rows it picks and skips those other workers are
+    picking, so claimers never wait on each other and never pick the same
+    row; SQLite has no row locks (Django leaves the clause out) but runs one
+    write statement at a time, which serialises claims just as well. The
+    statement is compiled once per worker, lane and size (while the clock
+    is the database's): only the lock token changes from one claim to the
+    next, and compiling it cost as much as running it.
+    """
+    model, alias = key.model, key.alias
+    connection = connections[alias]
+    compiled = None if clock.is_overridden() else _claim_statements.get(key)
+    if compiled is None:
+        picked = _picked(key).select_for_update(skip_locked=True)
+        # Django writes FOR UPDATE only inside a transaction; the claim runs
+        # as one statement, which is a transaction of its own.
+        locks = connection.features.has_select_for_update
+        with transaction.atomic(using=alias, savepoint=False) if locks else nullcontext():
+            picked_sql, picked_params = picked.query.get_compiler(alias).as_sql()
+        query = UpdateQuery(model)
+        query.add_update_values(_claim_changes(key))
+        set_sql, set_params = query.get_compiler(alias).as_sql()
+        sql = statement("claim", features(connection)).format(
+            set=set_sql,
+            picked=picked_sql,
+            columns=returned_columns(model, connection.ops.quote_name),
+            **_quoted(model, connection, "pk", "lock_token"),
+        )
+        compiled = (sql, tuple(set_params), tuple(picked_params))
+        if not clock.is_overridden():
+            _claim_statements[key] = compiled
+    sql, set_params, picked_params = compiled
+    token_param = _field(model, "lock_token").get_db_prep_value(token, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*set_params, token_param, *picked_params])
+        return rows_from(model, connection, cursor.fetchall())
+
+
+# -- outcomes of held rows: compare-and-set on (id, lock_token, running) ---------------
+
+
+def _update_held(
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    changes: Mapping[str, Any],
+    *,
+    using: str | None,
+    model: type[Model],
+    returning: bool = False,
+    same_as: Hashable = None,
+    skip_locked: bool = False,
+) -> Any:
+    """Apply ``changes`` to the rows of ``ids`` still held under ``token``, in one statement.
+
+    Returns how many rows changed, or with ``returning`` the set of their
+    ids. Django compiles the SET clause (field preparation, the database
+    clock, ``F()``); the WHERE clause (``held_rows``) is written once per
+    table, because building it with the ORM cost more CPU than the whole
+    round trip: a profile of ``atomic=True`` handlers put half of the
+    worker's CPU per message in ``QuerySet.filter`` and its compilation for
+    the acknowledgement. ``same_as`` names changes that are the same on
+    every call (an acknowledgement), so their compiled SET clause is kept.
+    ``skip_locked`` leaves out rows another transaction has locked instead
+    of waiting for them: the worker's own housekeeping must never wait for
+    a group of atomic handlers to commit.
+    """
+    ids = list(ids)
+    if not ids:
+        return set() if returning else 0
+    alias = _db(using, model)
+    connection = connections[alias]
+    can = features(connection)
+    if returning and not can.returning:
+        # MariaDB/MySQL: lock the rows still held (skipping those another
+        # transaction holds, if asked), then change exactly those.
+        with transaction.atomic(using=alias):
+            held = model._base_manager.using(alias).filter(
+                pk__in=ids, lock_token=token, status=Status.RUNNING
+            )
+            mine = set(held.select_for_update(skip_locked=skip_locked).values_list("pk", flat=True))
+            if mine:
+                _update_held(mine, token, changes, using=alias, model=model, same_as=same_as)
+        return mine
+    sql, set_params = _set_clause(model, alias, changes, same_as)
+    quoted = _quoted(model, connection, "pk", "lock_token", "status")
+    if can.array_parameters:
+        id_params: list[Any] = [ids]
+        placeholders = ""
+    else:
+        pk = _field(model, "pk")
+        id_params = [pk.get_db_prep_value(i, connection) for i in ids]
+        placeholders = ", ".join(["%s"] * len(ids))
+    name = "held_rows_unlocked" if skip_locked and can.skip_locked_subquery else "held_rows"
+    condition = statement(name, can).format(ids=placeholders, **quoted)
+    params = [
+        *set_params,
+        *id_params,
+        _field(model, "lock_token").get_db_prep_value(token, connection),
+        Status.RUNNING.value,
+    ]
+    sql = f"{sql} WHERE {condition}"
+    if returning:
+        sql += f" RETURNING {quoted['pk']}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if returning:
+            return {row[0] for row in cursor.fetchall()}
+        return cursor.rowcount
+
+
+_set_clauses: dict[tuple[Hashable, type[Model], str], tuple[str, tuple[Any, ...]]] = {}
+
+
+def _set_clause(
+    model: type[Model], alias: str, changes: Mapping[str, Any], same_as: Hashable
+) -> tuple[str, tuple[Any, ...]]:
+    """``UPDATE <table> SET ...`` and its parameters, compiled by Django.
+
+    Kept under ``same_as`` while the clock is the database's (a replaced
+    clock puts its time into the parameters).
+    """
+    key = (same_as, model, alias)
+    if same_as is not None and not clock.is_overridden() and key in _set_clauses:
+        return _set_clauses[key]
+    query = UpdateQuery(model)
+    query.add_update_values(_ending(model, fit(model, changes)))
+    sql, params = query.get_compiler(alias).as_sql()
+    if same_as is not None and not clock.is_overridden():
+        _set_clauses[key] = (sql, tuple(params))
+    return sql, tuple(params)
+
+
+def _succeeded() -> dict[str, Any]:
+    """What an acknowledgement writes."""
+    now = clock.sql_now()
+    return {
+        "status": Status.SUCCEEDED,
+        "next_attempt_time": None,
+        "lock_token": None,
+        "finished_at": now,
+        "updated_at": now,
+    }
+
+
+def ack(
+    ids: Iterable[Any], token: uuid.UUID, *, using: str | None = None, model: type[Model] = Message
+) -> int:
+    """Mark rows succeeded; returns how many were still ours."""
+    return int(
+        _update_held(ids, token, _succeeded(), using=using, model=model, same_as="succeeded")
+    )
+
+
+def ack_held(
+    held: Mapping[uuid.UUID, Collection[Any]],
+    *,
+    using: str | None = None,
+    model: type[Model] = Message,
+) -> set[tuple[Any, uuid.UUID]]:
+    """Mark the rows of several claims succeeded at once; returns the (id, token) still ours.
+
+    One statement per lock token, in one transaction when there are several,
+    so the caller learns exactly which acknowledgements took (the others
+    were claimed again after their lease expired). Judged per attempt: a
+    worker may hold one row under two tokens (it claimed it again after
+    losing its lease), and only the attempt whose token the row carries is
+    acknowledged.
+    """
+    alias = _db(using, model)
+    if not held:
+        return set()
+    mine: set[tuple[Any, uuid.UUID]] = set()
+    with transaction.atomic(using=alias) if len(held) > 1 else nullcontext():
+        for token, ids in held.items():
+            kept = _update_held(
+                ids,
+                token,
+                _succeeded(),
+                using=alias,
+                model=model,
+                returning=True,
+                same_as="succeeded",
+            )
+            mine.update((pk, token) for pk in kept)
+    return mine
+
+
+def fail(
+    message_id: Any,
+    token: uuid.UUID,
+    *,
+    error: str,
+    traceback: str = "",
+    retry_at: datetime | None,
+    retry_in: timedelta | None = None,
+    using: str | None = None,
+    model: type[Model] = Message,
+    skip_locked: bool = False,
+) -> int:
+    """Record a failed attempt: reschedule, or give up if both times are None.
+
+    ``retry_in`` is measured on the database's clock (what the worker uses);
+    ``retry_at`` is an absolute instant.
+    """
+    now = clock.sql_now()
+    changes: dict[str, object] = {
+        "last_error": error,
+        "error_fingerprint": fingerprint(error),
+        "last_traceback": traceback,
+        "lock_token": None,
+        "updated_at": now,
+    }
+    if retry_in is not None:
+        changes.update(status=Status.PENDING, next_attempt_time=clock.sql_now_plus(retry_in))
+    elif retry_at is None:
+        changes.update(status=Status.FAILED, next_attempt_time=None, finished_at=now)
+    else:
+        changes.update(status=Status.PENDING, next_attempt_time=retry_at)
+    return int(
+        _update_held(
+            [message_id], token, changes, using=using, model=model, skip_locked=skip_locked
+        )
+    )
+
+
+def snooze(
+    message_id: Any,
+    token: uuid.UUID,
+    *,
+    run_at: datetime | timedelta,
+    max_attempts: int,
+    using: str | None = None,
+    model: type[Model] = Message,
+) -> int:
+    """Reschedule without spending an attempt (``Retry``): raise the cap by one.
+
+    ``run_at`` is an instant, or a delay measured on the database's clock.
+    """
+    when = clock.sql_now_plus(run_at) if isinstance(run_at, timedelta) else run_at
+    changes = {
+        "status": Status.PENDING,
+        "next_attempt_time": when,
+        "lock_token": None,
+        "max_attempts": max_attempts,
+        "updated_at": clock.sql_now(),
+    }
+    return int(_update_held([message_id], token, changes, using=using, model=model))
+
+
+def release(
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    *,
+    started: bool,
+    using: str | None = None,
+    model: type[Model] = Message,
+) -> int:
+    """Give rows back for immediate redelivery (shutdown).
+
+    Rows that were claimed but never started get their attempt back. A row
+    locked by an open transaction (a group of atomic handlers still running
+    past the shutdown grace) is left alone: its transaction ends with the
+    process, and the row comes back when its lease expires.
+    """
+    now = clock.sql_now()
+    changes: dict[str, object] = {
+        "status": Status.PENDING,
+        "next_attempt_time": now,
+        "lock_token": None,
+        "updated_at": now,
+    }
+    if not started:
+        changes["attempt_count"] = Greatest(F("attempt_count") - 1, Value(0))
+    return int(_update_held(ids, token, changes, using=using, model=model, skip_locked=True))
+
+
+def extend(
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    lease: timedelta,
+    *,
+    using: str | None = None,
+    model: type[Model] = Message,
+) -> set[Any]:
+    """Push the lease of rows still held; returns the ids extended.
+
+    Rows locked by another transaction are skipped rather than waited for,
+    so the lease keeper never stalls behind an open transaction.
+    """
+    changes = {"next_attempt_time": clock.sql_now_plus(lease), "updated_at": clock.sql_now()}
+    return set(
+        _update_held(
+            ids,
+            token,
+            changes,
+            using=using,
+            model=model,
+            same_as=("extend", lease),
+            skip_locked=True,
+            returning=True,
+        )
+    )
+
+
+def held_ids(
+    ids: Iterable[Any], token: uuid.UUID, *, using: str | None = None, model: type[Model] = Message
+) -> set[Any]:
+    """Which of ``ids`` are still running under ``token`` (a plain read, no lock)."""
+    rows = model._base_manager.using(_db(using, model))
+    held = rows.filter(pk__in=list(ids), lock_token=token, status=Status.RUNNING)
+    return set(held.values_list("pk", flat=True))
+
+
+def write_payload(
+    message_id: int, token: uuid.UUID, payload: object, *, using: str | None = None
+) -> int:
+    """Replace the payload of a message still held; returns 1 if it was ours.
+
+    The Django Tasks backend keeps a task's outcome (return value, errors)
+    beside its call in the payload; like every write of a worker, it is a
+    compare-and-set on the lock token.
+    """
+    changes = {"payload": payload, "updated_at": clock.now()}
+    return int(_update_held([message_id], token, changes, using=using, model=Message))
+
+
+def release_workers(names: Collection[str], *, using: str | None = None) -> dict[str, int]:
+    """Hand back the running messages of these (dead) workers; returns counts by worker.
+
+    The messages become due at once and keep their attempt count (the
+    attempt was spent: a message that kills every worker that runs it still
+    stops at ``max_attempts``). Clearing the lock token fences off the
+    "dead" worker should it only have been frozen.
+    """
+    alias = _db(using)
+    released: dict[str, int] = {}
+    for name in names:
+        handed_back = {
+            "status": Status.PENDING,
+            "next_attempt_time": clock.sql_now(),
+            "lock_token": None,
+            "updated_at": clock.sql_now(),
+        }
+        rows = Message.objects.using(alias).held_by([name])
+        count = rows.update(**_ending(Message, handed_back))
+        if count:
+            released[name] = count
+    return released
+
+
+# -- operators' changes: set-based, on rows the caller found eligible -----------------
+
+
+def run_now(rows: QuerySet[Any], now: datetime | Expression) -> int:
+    """Make pending rows due now."""
+    return rows.update(**fit(rows.model, {"next_attempt_time": now, "updated_at": now}))
+
+
+def retry(rows: QuerySet[Any], extra_attempts: int, now: datetime | Expression) -> int:
+    """Send finished rows back to pending, due now, with ``extra_attempts`` more attempts."""
+    changes = {
+        "status": Status.PENDING,
+        "next_attempt_time": now,
+        "max_attempts": F("attempt_count") + extra_attempts,
+        "finished_at": None,
+        "lock_token": None,
+        "superseded_at": None,
+        "updated_at": now,
+    }
+    return rows.update(**fit(rows.model, changes))
+
+
+def cancel(rows: QuerySet[Any], now: datetime | Expression) -> int:
+    """Finish waiting rows as ``cancelled``."""
+    changes = {
+        "status": Status.CANCELLED,
+        "next_attempt_time": None,
+        "finished_at": now,
+        "lock_token": None,
+        "superseded_at": None,
+        "updated_at": now,
+    }
+    return rows.update(**fit(rows.model, changes))
+
+
+def reschedule(rows: QuerySet[Any], when: datetime, now: datetime | Expression) -> int:
+    """Make waiting rows pending, due at ``when``."""
+    changes = {
+        "status": Status.PENDING,
+        "next_attempt_time": when,
+        "lock_token": None,
+        "superseded_at": None,
+        "updated_at": now,
+    }
+    return rows.update(**fit(rows.model, changes))
+
+
+def reprioritise(rows: QuerySet[Any], priority: int, now: datetime | Expression) -> int:
+    """Set the priority of rows (inert while one runs; the worker never writes it)."""
+    return rows.update(**fit(rows.model, {"priority": priority, "updated_at": now}))
+
+
+def delete(rows: QuerySet[Any]) -> int:
+    """Delete rows; returns how many of the queue table went."""
+    _, per_model = rows.delete()
+    return per_model.get(rows.model._meta.label, 0)
+
+
+def edit(message: Message, fields: Collection[str], *, using: str | None = None) -> None:
+    """Write an operator's edit of a message's content (not its state), and only those columns,
+    so a concurrent worker's changes are kept."""
+    if fields:
+        message.updated_at = clock.now()
+        message.save(using=using, update_fields=[*fields, "updated_at"])
+
+
+def replace_failed_payload(message_id: int, payload: Any, *, using: str) -> bool:
+    """Replace a failed message's payload; False if it is not ``failed`` (any more)."""
+    rows = Message.objects.using(using).filter(pk=message_id, status=Status.FAILED)
+    return bool(rows.update(payload=payload, updated_at=clock.now()))
+
+
+# -- rows of QueueFields models: queued by the application ----------------------------
+
+
+def _scheduled(when: datetime) -> dict[str, Any]:
+    return {
+        "status": Status.PENDING,
+        "next_attempt_time": when,
+        "lock_token": None,
+        "locked_by": "",
+    }
+
+
+def _rerun(value: Any, field: Field[Any, Any]) -> Case:
+    """``value`` for a finished row, else the column as it is: a finished row queued
+    again starts a new round of attempts (its last error goes with the old round)."""
+    return Case(
+        When(status__in=FINISHED, then=Value(value, output_field=field)),
+        default=F(field.name),
+        output_field=field,
+    )
+
+
+def schedule(rows: QuerySet[Any], when: datetime) -> int:
+    """Queue the selected rows to run at ``when``, but the ones a worker holds.
+
+    A finished row starts again from its first attempt: with its old
+    attempt count it would be claimed and given up at once, its handler
+    never run.
+    """
+    model = rows.model
+    restart = {
+        name: _rerun(value, _field(model, name))
+        for name, value in (("attempt_count", 0), ("last_error", ""), ("last_traceback", ""))
+    }
+    return rows.exclude(held_condition()).order_by().update(**_scheduled(when), **restart)
+
+
+def mark_scheduled(row: Model, when: datetime) -> None:
+    """Set a row's queue columns to "queued at ``when``", for the caller's own save."""
+    if getattr(row, "status", None) in FINISHED:
+        row.attempt_count, row.last_error, row.last_traceback = 0, "", ""  # type: ignore[attr-defined]
+    for name, value in _scheduled(when).items():
+        setattr(row, name, value)
+
+
+def schedule_row(row: Model, when: datetime, *, using: str) -> bool:
+    """Queue one row at ``when``; False if a worker holds it (or it is gone).
+
+    A new row is saved whole; an existing one gets only the queue columns,
+    with the same condition as :func:`schedule`.
+    """
+    if row._state.adding:
+        mark_scheduled(row, when)
+        row.save(using=using)
+        return True
+    if not schedule(type(row)._base_manager.using(using).filter(pk=row.pk), when):
+        return False
+    mark_scheduled(row, when)
+    return True
+
+
+# -- retention and cron -------------------------------------------------------------
+
+
+def prune(
+    cutoff: datetime,
+    *,
+    batch_size: int,
+    max_batches: int | None = None,
+    queues: Collection[str] | None = None,
+    using: str | None = None,
+) -> int:
+    """Delete finished messages that finished before ``cutoff``, ``batch_size`` at a time.
+
+    Deletes go in bounded batches by primary key, so pruning a large backlog
+    never holds long locks or one huge transaction on a table workers claim
+    from (``delayq_finished_idx`` finds them).
+    """
+    alias = _db(using)
+    expired = Message.objects.using(alias).in_queues(queues).expired(cutoff)
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = list(expired.order_by().values_list("id", flat=True)[:batch_size])
+        if not ids:
+            break
+        deleted, _ = expired.filter(id__in=ids).delete()
+        total += deleted
+        batches += 1
+    return total
+
+
+def archived_delete(connection: Any) -> dict[str, str]:
+    """The statements that delete archived rows still at their archived version (Spark)."""
+    can = features(connection)
+    table = connection.ops.quote_name(Message._meta.db_table)
+    if can.array_parameters:
+        return {
+            "delete_sql": statement("delete_archived", can).format(table=table),
+            "count_sql": statement("count_ids", can).format(table=table),
+        }
+    return {
+        "delete_sql": statement("delete_ids", can).format(table=table),
+        "select_sql": statement("archived_versions", can).format(table=table),
+    }
+
+
+def delete_ticks(ids: Collection[int], *, using: str) -> int:
+    """Delete cron ticks that are still pending and were never attempted.
+
+    The condition is in the statement: a tick a worker claimed meanwhile
+    (now running) is left alone.
+    """
+    if not ids:
+        return 0
+    return Message.objects.using(using).untouched().filter(id__in=list(ids)).delete()[0]
+
+
+def cancel_ticks(ids: Collection[int], *, reason: str, now: datetime, using: str) -> int:
+    """Cancel cron ticks that are still pending and were never attempted (missed ticks)."""
+    return (
+        Message.objects.using(using)
+        .untouched()
+        .filter(id__in=list(ids))
+        .update(
+            status=Status.CANCELLED,
+            next_attempt_time=None,
+            finished_at=now,
+            updated_at=now,
+            last_error=reason,
+        )
+    )

@@ -1,0 +1,349 @@
+"""Reading the queue tables: the QuerySet verbs every part of the app filters with.
+
+``Message.objects`` and the manager of every ``QueueFields`` model are built
+from these classes, so the admin, the worker, the dashboard, cron and the
+commands all ask for "due", "held by", "failing" the same way, and each verb
+says which index answers it. Conditions are also exposed as ``Q`` objects,
+for code that holds another queryset of such a model (the admin's own).
+
+This module does not import the models (they import it for their
+managers): it works on ``self.model`` and the status values of
+``django_delayq.status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import UTC, datetime
+from typing import Any, Self, TypeVar
+
+from django.db import connections, models, router
+from django.db.models import Count, Expression, Max, Min, Q
+from django.db.models.functions import TruncMinute
+
+from django_delayq import clock
+from django_delayq.status import ACTIVE, FINISHED, Status
+from django_delayq.store.features import features
+from django_delayq.store.sql import statement
+
+_Row = TypeVar("_Row", bound=models.Model)
+
+Now = datetime | Expression
+
+
+def active_condition() -> Q:
+    """Rows that may still run: waiting, scheduled or leased."""
+    return Q(status__in=ACTIVE)
+
+
+def due_condition(now: Now | None = None) -> Q:
+    """Rows a worker may claim now.
+
+    A ``running`` row whose lease (``next_attempt_time``) has passed is due
+    again: that is how a crashed worker's message comes back.
+    """
+    return active_condition() & Q(next_attempt_time__lte=clock.sql_now() if now is None else now)
+
+
+def held_condition(now: Now | None = None) -> Q:
+    """Rows a worker holds: running under a lease that has not expired (database clock)."""
+    return Q(status=Status.RUNNING, next_attempt_time__gt=clock.sql_now() if now is None else now)
+
+
+def retrying_condition() -> Q:
+    """Pending again after at least one failed attempt."""
+    return Q(status=Status.PENDING, attempt_count__gt=0)
+
+
+def failing_condition() -> Q:
+    """Failed, or pending again after a recorded error (what triage shows)."""
+    return ~Q(error_fingerprint="") & (
+        Q(status=Status.FAILED) | Q(status=Status.PENDING, attempt_count__gt=0)
+    )
+
+
+def categories(now: Now | None = None) -> dict[str, Q]:
+    """Disjoint conditions covering every row, by what an operator may do with it.
+
+    Judged on the database's clock (``now`` defaults to it), the clock every
+    lease is written with: a web server whose clock runs ahead must not take
+    a live lease for an expired one.
+    """
+    now = clock.sql_now() if now is None else now
+    not_later = Q(next_attempt_time__lte=now) | Q(next_attempt_time__isnull=True)
+    return {
+        "pending_due": Q(status=Status.PENDING, next_attempt_time__lte=now),
+        # A pending row without a due time would never be claimed: "run now" fixes it.
+        "pending_later": Q(status=Status.PENDING)
+        & (Q(next_attempt_time__gt=now) | Q(next_attempt_time__isnull=True)),
+        "running": held_condition(now),
+        "lease_expired": Q(status=Status.RUNNING) & not_later,
+        "succeeded": Q(status=Status.SUCCEEDED),
+        "failed": Q(status=Status.FAILED),
+        "cancelled": Q(status=Status.CANCELLED),
+    }
+
+
+class QueueQuerySet(models.QuerySet[_Row]):
+    """The queue's verbs, for ``Message`` and for any model with ``QueueFields``."""
+
+    def active(self) -> Self:
+        """Rows that may still run (the partial claim indexes hold only these)."""
+        return self.filter(active_condition())
+
+    def due(self, now: Now | None = None) -> Self:
+        """Rows a worker may claim now (see :func:`due_condition`)."""
+        return self.filter(due_condition(now))
+
+    def held(self, now: Now | None = None) -> Self:
+        """Rows a worker holds under a lease that runs (see :func:`held_condition`)."""
+        return self.filter(held_condition(now))
+
+    def finished(self) -> Self:
+        return self.filter(status__in=FINISHED)
+
+    def retrying(self) -> Self:
+        """Pending again after at least one failed attempt."""
+        return self.filter(retrying_condition())
+
+    def held_by(self, workers: Collection[str]) -> Self:
+        """Running rows claimed by these workers (``locked_by``)."""
+        return self.filter(status=Status.RUNNING, locked_by__in=list(workers))
+
+    def next_due(self) -> datetime | None:
+        """The earliest due time of the active rows (an idle worker's wake-up; the due index)."""
+        return self.active().aggregate(t=Min("next_attempt_time"))["t"]
+
+    def categorised(self, now: Now | None = None) -> dict[str, int]:
+        """How many rows fall in each of :func:`categories`, in one statement."""
+        conditions = categories(now)
+        counts = self.order_by().aggregate(
+            **{name: Count("pk", filter=q) for name, q in conditions.items()}
+        )
+        return {name: counts[name] or 0 for name in conditions}
+
+    def expired(self, cutoff: datetime) -> Self:
+        """Finished rows that finished before ``cutoff`` (what pruning deletes)."""
+        return self.finished().filter(finished_at__lt=cutoff)
+
+
+class MessageQuerySet(QueueQuerySet[Any]):
+    """``Message``'s verbs: per queue, by key, and the figures of the dashboard."""
+
+    def in_queues(self, queues: Collection[str] | None) -> Self:
+        return self if not queues else self.filter(queue__in=list(queues))
+
+    def failing(self) -> Self:
+        """Failed, or pending again after an error (``delayq_fingerprint_idx``)."""
+        return self.filter(failing_condition())
+
+    def ticks(self, queues: Collection[str], prefix: str) -> Self:
+        """Active rows of ``queues`` whose key starts with ``prefix`` (cron ticks; due index)."""
+        return self.active().filter(queue__in=sorted(set(queues)), key__startswith=prefix)
+
+    def untouched(self) -> Self:
+        """Pending and never attempted: what a cron installer may delete or cancel."""
+        return self.filter(status=Status.PENDING, attempt_count=0)
+
+    # -- per-queue figures ----------------------------------------------------
+    #
+    # Counting a column of the index at hand (``status``, ``queue``), not
+    # ``id``, lets PostgreSQL answer from the index alone (an index-only scan).
+
+    def depth_by_queue(self, now: datetime) -> dict[str, dict[str, Any]]:
+        """Per queue: pending/running counts, split by due time, and the oldest due time.
+
+        Filtering on the active statuses first lets the database read only the
+        rows of the partial indexes, however many finished rows the table holds.
+        """
+        due = Q(next_attempt_time__lte=now)
+        future = Q(next_attempt_time__gt=now)
+        rows = (
+            self.active()
+            .values("queue")
+            .order_by()
+            .annotate(
+                pending=Count("status", filter=Q(status=Status.PENDING)),
+                running=Count("status", filter=Q(status=Status.RUNNING)),
+                due=Count("status", filter=due),
+                scheduled=Count(
+                    "status", filter=Q(status=Status.PENDING, attempt_count=0) & future
+                ),
+                retrying=Count(
+                    "status", filter=Q(status=Status.PENDING, attempt_count__gt=0) & future
+                ),
+                leased=Count("status", filter=Q(status=Status.RUNNING) & future),
+                oldest_due=Min("next_attempt_time", filter=due),
+            )
+        )
+        return {row.pop("queue"): row for row in rows}
+
+    def failed_by_queue(self) -> dict[str, int]:
+        """Failed rows still kept, per queue (``delayq_failed_idx``)."""
+        rows = (
+            self.filter(status=Status.FAILED).values("queue").order_by().annotate(n=Count("queue"))
+        )
+        return {row["queue"]: row["n"] for row in rows}
+
+    def finished_by_queue(self, since: datetime, recent: datetime) -> dict[str, dict[str, Any]]:
+        """Per queue: rows finished since ``since``, and since ``recent`` (a range on
+        ``delayq_finished_idx``)."""
+        short = Q(finished_at__gte=recent)
+        rows = (
+            self.finished()
+            .filter(finished_at__gte=since)
+            .values("queue")
+            .order_by()
+            .annotate(
+                succeeded_short=Count("status", filter=Q(status=Status.SUCCEEDED) & short),
+                failed_short=Count("status", filter=Q(status=Status.FAILED) & short),
+                succeeded_long=Count("status", filter=Q(status=Status.SUCCEEDED)),
+                failed_long=Count("status", filter=Q(status=Status.FAILED)),
+                cancelled_long=Count("status", filter=Q(status=Status.CANCELLED)),
+            )
+        )
+        return {row.pop("queue"): row for row in rows}
+
+    def finished_per_minute(self, since: datetime) -> dict[tuple[datetime, str], int]:
+        """Succeeded and failed rows per minute (UTC) and status since ``since``."""
+        rows = (
+            self.filter(status__in=(Status.SUCCEEDED, Status.FAILED), finished_at__gte=since)
+            .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
+            .values("minute", "status")
+            .order_by()
+            .annotate(n=Count("status"))
+        )
+        return {(minute(row["minute"]), row["status"]): row["n"] for row in rows}
+
+    def totals_by_queue(self, now: datetime) -> list[dict[str, Any]]:
+        """Every status count per queue, in one grouped aggregate over the whole table."""
+        due = active_condition() & Q(next_attempt_time__lte=now)
+        future = Q(next_attempt_time__gt=now)
+        return list(
+            self.values("queue")
+            .order_by("queue")
+            .annotate(
+                due=Count("id", filter=due),
+                scheduled=Count("id", filter=Q(status=Status.PENDING, attempt_count=0) & future),
+                retrying=Count("id", filter=Q(status=Status.PENDING, attempt_count__gt=0) & future),
+                running=Count("id", filter=Q(status=Status.RUNNING) & future),
+                failed=Count("id", filter=Q(status=Status.FAILED)),
+                succeeded=Count("id", filter=Q(status=Status.SUCCEEDED)),
+                cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
+                oldest_due=Min("next_attempt_time", filter=due),
+            )
+        )
+
+    def failure_groups(self) -> list[dict[str, Any]]:
+        """Failing rows grouped by (fingerprint, queue), from the covering
+        ``delayq_fingerprint_idx`` alone."""
+        return list(
+            self.failing()
+            .values("error_fingerprint", "queue")
+            .order_by()
+            .annotate(
+                failed=Count("id", filter=Q(status=Status.FAILED)),
+                retrying=Count("id", filter=Q(status=Status.PENDING)),
+                first_seen=Min("last_attempt_time"),
+                last_seen=Max("last_attempt_time"),
+                sample_id=Max("id"),
+            )
+        )
+
+    def created_bounds(self) -> tuple[datetime, datetime] | None:
+        """``created_at`` of the oldest and the newest row, read off the primary key.
+
+        Ids grow with creation time, so the first and last rows by id bound the
+        dates without an index on ``created_at`` (whose ``MIN``/``MAX`` would read
+        the whole table).
+        """
+        rows = self.values_list("created_at", flat=True)
+        first = rows.order_by("pk").first()
+        last = rows.order_by("-pk").first()
+        if first is None or last is None:
+            return None
+        return min(first, last), max(first, last)
+
+
+# -- cheap figures for big tables ---------------------------------------------------
+
+# Columns that lead an index, with that index's condition: queue (the
+# (queue, key) unique constraint) and kind (delayq_kind_idx, partial: without
+# the empty kind, which distinct_values() never returns).
+DISTINCT_COLUMNS = {"queue": "1 = 1", "kind": "NOT ({col} = '')"}
+
+
+def _message_model() -> Any:
+    from django.apps import apps
+
+    return apps.get_model("django_delayq", "Message")
+
+
+def distinct_values(column: str, *, limit: int = 200, using: str | None = None) -> list[str]:
+    """Up to ``limit`` distinct values of ``queue`` or ``kind``, in order, without a full scan.
+
+    The empty kind is left out: it is not in the kind index, and the admin's
+    kind filter offers it anyway.
+    """
+    if column not in DISTINCT_COLUMNS:
+        raise ValueError(f"column must be one of {tuple(DISTINCT_COLUMNS)}, got {column!r}")
+    message = _message_model()
+    alias = using or router.db_for_read(message)
+    connection = connections[alias]
+    can = features(connection)
+    if not can.loose_index_scan:
+        # MySQL/MariaDB plan this DISTINCT as a loose index scan themselves.
+        rows = message.objects.using(alias).exclude(**{column: ""}).order_by(column)
+        return list(rows.values_list(column, flat=True).distinct()[:limit])
+    col = connection.ops.quote_name(column)
+    sql = statement("distinct_values", can).format(
+        col=col,
+        table=connection.ops.quote_name(message._meta.db_table),
+        where=DISTINCT_COLUMNS[column].format(col=col),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def estimated_count(using: str | None = None) -> int | None:
+    """The database's own estimate of the message table's rows.
+
+    PostgreSQL's ``pg_class.reltuples`` or InnoDB's ``table_rows``: reading
+    it costs nothing, while an exact ``COUNT(*)`` reads the whole table.
+    None on SQLite, and while there is no estimate yet.
+    """
+    message = _message_model()
+    connection = connections[using or router.db_for_read(message)]
+    can = features(connection)
+    if can.row_estimate is None:
+        return None
+    table = message._meta.db_table
+    if can.row_estimate == "pg_class":
+        table = connection.ops.quote_name(table)
+    with connection.cursor() as cursor:
+        cursor.execute(statement("row_estimate", can), [table])
+        row = cursor.fetchone()
+    if row is None or row[0] is None or row[0] < 0:
+        return None
+    return int(row[0])
+
+
+def minute(moment: datetime) -> datetime:
+    """The UTC minute ``moment`` falls in."""
+    return moment.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+__all__ = [
+    "MessageQuerySet",
+    "QueueQuerySet",
+    "active_condition",
+    "categories",
+    "distinct_values",
+    "due_condition",
+    "estimated_count",
+    "failing_condition",
+    "held_condition",
+    "minute",
+    "retrying_condition",
+]

@@ -1,0 +1,119 @@
+"""What the database server must provide, checked at start-up (system checks E050, E051, W050).
+
+* The claim relies on ``SELECT ... FOR UPDATE SKIP LOCKED``: MariaDB 10.6 and
+  MySQL 8.0.1 have it (Django 5.2 itself accepts MariaDB 10.5, which would
+  claim nothing), and on ``UPDATE ... RETURNING`` on SQLite: 3.35 (Django
+  5.2 accepts 3.31).
+* Case-sensitive queue names and keys: MariaDB's and MySQL's default
+  collations (``utf8mb4_general_ci``, ``utf8mb4_0900_ai_ci``) compare
+  ``"Welcome-42"`` and ``"welcome-42"`` as equal (and ``utf8mb4_bin``
+  ignores trailing spaces), so the ``(queue, key)`` unique constraint would
+  merge two messages. :func:`binary_columns_sql` fixes the columns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_delayq.models import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH, Message
+from django_delayq.store.features import SQLITE_RETURNING, features
+from django_delayq.store.sql import statement
+
+MIN_MARIADB: tuple[int, ...] = (10, 6)
+MIN_MYSQL: tuple[int, ...] = (8, 0, 1)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a database server cannot run the queue, as a system check reports it."""
+
+    message: str
+    hint: str
+    check_id: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def version_problem(connection: BaseDatabaseWrapper) -> Problem | None:
+    """Why this database server cannot run the queue, or None."""
+    if connection.vendor == "sqlite":
+        if sqlite3.sqlite_version_info >= SQLITE_RETURNING:
+            return None
+        return Problem(
+            f"django-delayq needs SQLite {_dotted(SQLITE_RETURNING)} or later for "
+            f"UPDATE ... RETURNING; this Python uses SQLite {sqlite3.sqlite_version}",
+            "use a Python built with SQLite 3.35 or later",
+            "django_delayq.E051",
+        )
+    if connection.vendor != "mysql":
+        return None
+    version = tuple(connection.mysql_version)  # type: ignore[attr-defined]
+    if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        name, minimum = "MariaDB", MIN_MARIADB
+    else:
+        name, minimum = "MySQL", MIN_MYSQL
+    if version >= minimum:
+        return None
+    return Problem(
+        f"django-delayq needs {name} {_dotted(minimum)} or later for "
+        f"SELECT ... FOR UPDATE SKIP LOCKED; this server is {_dotted(version)}",
+        "upgrade to MariaDB 10.6+ or MySQL 8.0.1+",
+        "django_delayq.E050",
+    )
+
+
+def column_collations(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """The collation of the queue table's ``queue`` and ``key`` columns (MariaDB/MySQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statement("column_collations", features(connection)), [Message._meta.db_table]
+        )
+        return {str(name): str(collation) for name, collation in cursor.fetchall()}
+
+
+def exact_collation(collation: str) -> bool:
+    """True for a collation that tells every two different strings apart.
+
+    Case- and accent-sensitive (``_bin``, ``_cs``) is not enough: the PAD
+    SPACE collations (``utf8mb4_bin`` among them) ignore trailing spaces.
+    MariaDB's ``nopad`` collations and MySQL 8's ``_0900_`` ones do not.
+    """
+    sensitive = collation.endswith(("_bin", "_cs"))
+    return sensitive and ("_nopad_" in collation or "_0900_" in collation)
+
+
+def collation_problems(connection: BaseDatabaseWrapper) -> list[str]:
+    """Columns of the queue table whose collation merges different keys (none before migrate)."""
+    if not features(connection).binary_text:
+        return []
+    return [
+        f"{name} ({collation})"
+        for name, collation in sorted(column_collations(connection).items())
+        if not exact_collation(collation)
+    ]
+
+
+def binary_collation(connection: BaseDatabaseWrapper) -> str:
+    """Byte-wise and without padding: ``"a"``, ``"A"`` and ``"a "`` are three keys."""
+    return "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"  # type: ignore[attr-defined]
+
+
+def binary_columns_sql(connection: BaseDatabaseWrapper) -> str:
+    """The ``ALTER TABLE`` giving ``queue`` and ``key`` the binary collation."""
+    qn = connection.ops.quote_name
+    return statement("binary_columns", features(connection)).format(
+        table=qn(Message._meta.db_table),
+        queue=qn("queue"),
+        key=qn("key"),
+        queue_length=QUEUE_MAX_LENGTH,
+        key_length=KEY_MAX_LENGTH,
+        collation=binary_collation(connection),
+    )

@@ -1,0 +1,35 @@
+-- The statements shared by every database; a database's own file overrides
+-- a name. Names in braces are quoted table and column names.
+
+-- name: held_rows
+-- The rows of some ids still running under one lock token: the compare-and-set of
+-- every outcome. {ids} is one placeholder per id.
+{pk} IN ({ids}) AND {lock_token} = %s AND {status} = %s
+
+-- name: claim
+-- Mark the picked rows claimed and return them, in one statement (its own
+-- transaction in autocommit). {set} is Django's compiled SET clause,
+-- {picked} the ORM's pick of the first due rows.
+{set}, {lock_token} = %s WHERE {pk} IN ({picked}) RETURNING {columns}
+
+-- name: insert_rows
+-- New messages from a source of rows: {values} are the source's per-row
+-- expressions (key, payload, ...) beside one parameter per other column.
+INSERT INTO {table} ({columns}) SELECT {values} FROM {source}
+
+-- name: ignore_conflicts
+-- An existing (queue, key) keeps its message: the new row is skipped.
+ON CONFLICT ({queue}, {key}) DO NOTHING
+
+-- name: distinct_values
+-- Distinct values of an indexed column by a "loose index scan": each step reads
+-- the next larger value off the index, so listing the 5 queues of a table of a
+-- million messages reads about 5 index entries instead of every row.
+-- (PostgreSQL before 18 has no skip scan; SQLite plans it the same way.)
+WITH RECURSIVE v(x) AS (
+    SELECT (SELECT {col} FROM {table} WHERE {where} ORDER BY {col} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT {col} FROM {table} WHERE {where} AND {col} > v.x ORDER BY {col} LIMIT 1)
+    FROM v WHERE v.x IS NOT NULL
+)
+SELECT x FROM v WHERE x IS NOT NULL LIMIT %s

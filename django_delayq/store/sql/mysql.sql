@@ -1,0 +1,38 @@
+-- MariaDB's and MySQL's statements (see common.sql for the shared ones).
+
+-- name: insert_rows
+-- New messages; IGNORE only has duplicate keys to skip (every other value
+-- was validated before the first statement).
+INSERT IGNORE INTO {table} ({columns}) SELECT {values} FROM {source}
+
+-- name: json_rows
+-- The rows of one JSON document [[key, "payload's JSON text"], ...]; the key
+-- compares byte-wise, as the column's collation must (check W050).
+JSON_TABLE(%s, '$[*]' COLUMNS (
+    k VARCHAR({key_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]',
+    p LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[1]')) AS u
+
+-- name: json_rows_key
+u.k
+
+-- name: json_rows_payload
+u.p
+
+-- name: read_shared
+-- Read rows with a shared lock (REPEATABLE READ sees rows committed since
+-- its snapshot only through a locking read). {select} is Django's SELECT.
+{select} LOCK IN SHARE MODE
+
+-- name: column_collations
+-- The collation of the queue table's queue and key columns.
+SELECT column_name, collation_name FROM information_schema.columns
+WHERE table_schema = DATABASE() AND table_name = %s AND column_name IN ('queue', 'key')
+
+-- name: binary_columns
+-- Give queue and key a byte-wise collation without padding: 'a', 'A' and 'a '
+-- are three keys.
+ALTER TABLE {table} MODIFY {queue} varchar({queue_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, MODIFY {key} varchar({key_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL
+
+-- name: row_estimate
+-- InnoDB's own estimate (sampled index pages, refreshed as the table changes).
+SELECT table_rows FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s

@@ -1,0 +1,107 @@
+-- PostgreSQL's statements (see common.sql for the shared ones).
+
+-- name: held_rows
+-- The rows of some ids still running under one lock token, the ids as one array.
+{pk} = ANY(%s) AND {lock_token} = %s AND {status} = %s
+
+-- name: held_rows_unlocked
+-- The same rows, less those another transaction has locked: the worker's
+-- housekeeping (lease extensions, releases) never waits for a lock.
+{pk} IN (SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) AND {lock_token} = %s AND {status} = %s FOR UPDATE SKIP LOCKED)
+
+-- name: json_rows
+-- The rows of one JSON document [[key, payload], ...]: one parameter, any size.
+jsonb_array_elements(%s::jsonb) AS u(value)
+
+-- name: json_rows_key
+u.value->>0
+
+-- name: json_rows_payload
+u.value->1
+
+-- name: update_conflicts
+-- on_conflict="update": an existing key gets the new content and schedule
+-- (a finished message runs again, from attempt 1), unless nothing differs.
+-- A running message keeps its attempt (lock token and lease): the new
+-- version waits (superseded_at) and is due at its scheduled time once that
+-- attempt ends, so it never runs beside it.
+ON CONFLICT ({queue}, {key}) DO UPDATE SET
+    "payload" = excluded."payload",
+    "kind" = excluded."kind",
+    "priority" = excluded."priority",
+    "max_attempts" = excluded."max_attempts",
+    "scheduled_time" = excluded."scheduled_time",
+    "updated_at" = excluded."updated_at",
+    "next_attempt_time" = CASE WHEN {table}."status" = 'running'
+        THEN {table}."next_attempt_time" ELSE excluded."next_attempt_time" END,
+    "superseded_at" = CASE WHEN {table}."status" = 'running'
+        THEN excluded."updated_at" ELSE NULL END,
+    "attempt_count" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
+        THEN 0 ELSE {table}."attempt_count" END,
+    "last_error" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
+        THEN '' ELSE {table}."last_error" END,
+    "last_traceback" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
+        THEN '' ELSE {table}."last_traceback" END,
+    "finished_at" = NULL,
+    "lock_token" = CASE WHEN {table}."status" = 'running' THEN {table}."lock_token" ELSE NULL END,
+    "status" = CASE WHEN {table}."status" = 'running' THEN 'running' ELSE 'pending' END
+WHERE {table}."status" <> 'pending'
+    OR {table}."payload" IS DISTINCT FROM excluded."payload"
+    OR {table}."kind" IS DISTINCT FROM excluded."kind"
+    OR {table}."priority" IS DISTINCT FROM excluded."priority"
+    OR {table}."max_attempts" IS DISTINCT FROM excluded."max_attempts"
+    OR {table}."next_attempt_time" IS DISTINCT FROM excluded."next_attempt_time"
+
+-- name: inserted
+-- Whether an upserted row was inserted (not updated): a new row version has no xmax.
+(xmax = 0)
+
+-- name: with_notify
+-- The insert, and a wake-up for idle workers if it created a row: pg_notify runs
+-- once (a materialised CTE) and, like any NOTIFY, is delivered on commit.
+WITH ins AS ({insert}), wake AS MATERIALIZED (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))
+SELECT ins.* FROM ins LEFT JOIN wake ON true
+
+-- name: notify
+-- Wake idle workers (LISTEN); delivered when the transaction commits.
+SELECT pg_notify(%s, %s)
+
+-- name: row_estimate
+-- The planner's estimate of the table's rows (kept by autovacuum and ANALYZE).
+SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)
+
+-- name: loaded_rows
+-- The Spark loader's rows (a partition's batch, COPYed into a temporary table),
+-- one per key: the first occurrence with ignore, the last with update
+-- (ON CONFLICT DO UPDATE may not touch a row twice in one statement).
+(SELECT DISTINCT ON (key) key, payload, due FROM pg_temp.delayq_load ORDER BY key, ord {order}) AS src
+
+-- name: loaded_key
+src.key
+
+-- name: loaded_payload
+src.payload::jsonb
+
+-- name: loaded_due
+src.due::timestamptz
+
+-- name: load_counts
+-- The loader's insert, and what it did: created and updated rows, and the
+-- earliest due time among them (for one NOTIFY per transaction).
+WITH ins AS ({insert} RETURNING (xmax = 0) AS created, "next_attempt_time" AS due)
+SELECT count(*) FILTER (WHERE created), count(*) FILTER (WHERE NOT created), min(due) FROM ins
+
+-- name: delete_archived
+-- Delete archived rows, each only if it is still the finished version the
+-- archive read: every writer of the queue columns bumps updated_at. The
+-- DELETE re-checks a row updated concurrently against its new version.
+DELETE FROM {table} AS t USING unnest(%s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::bigint[])
+    AS a(id, status, attempt_count, updated_us, finished_us)
+WHERE t.id = a.id AND t.status = a.status AND t.status IN ('succeeded', 'failed', 'cancelled')
+    AND t.attempt_count = a.attempt_count
+    AND t.updated_at = 'epoch'::timestamptz + a.updated_us * interval '1 microsecond'
+    AND t.finished_at = 'epoch'::timestamptz + a.finished_us * interval '1 microsecond'
+
+-- name: count_ids
+-- How many of some ids are still in the table (the rows an archive kept).
+SELECT count(*) FROM {table} WHERE id = ANY(%s::bigint[])
