@@ -10,6 +10,7 @@ from django.utils import timezone
 from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
+from tests.conftest import finishes_within
 from tests.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -194,6 +195,14 @@ def test_bad_input_raises_early_and_writes_nothing(kwargs, error, match):
 def test_bad_message_in_a_batch_names_its_index_and_writes_nothing():
     with pytest.raises(TypeError, match=r"message 2: payload\['x'\]"):
         enqueue_many("default", [{}, {}, {"x": object()}])
+    assert not Message.objects.exists()
+
+
+def test_a_payload_that_contains_itself_is_refused_promptly_and_writes_nothing():
+    payload: dict = {"to": "a@example.com"}
+    payload["self"] = payload
+    with pytest.raises(ValueError, match=r"payload\['self'\] refers to payload, which contains"):
+        finishes_within(10, lambda: enqueue("default", payload))
     assert not Message.objects.exists()
 
 
