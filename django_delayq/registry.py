@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 HandlerFunc = Callable[[Any], Any]
 F = TypeVar("F", bound=HandlerFunc)
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+# Matched whole (``fullmatch``): ``$`` would also match before a final newline.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
 
 
 def validate_queue_name(queue: object) -> str:
@@ -38,7 +39,7 @@ def validate_queue_name(queue: object) -> str:
         raise ValueError("queue name must not be empty")
     if len(queue) > QUEUE_MAX_LENGTH:
         raise ValueError(f"queue name is {len(queue)} characters, over {QUEUE_MAX_LENGTH}")
-    if not QUEUE_NAME_RE.match(queue):
+    if not QUEUE_NAME_RE.fullmatch(queue):
         raise ValueError(
             f"queue name {queue!r} may only hold letters, digits and _ . : - "
             "(and must start with a letter or digit)"

@@ -55,13 +55,14 @@ logger = logging.getLogger("django_delayq.worker")
 F = TypeVar("F", bound="HandlerFunc")
 
 KEY_PREFIX = "cron:"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# Both matched whole (``fullmatch``): ``$`` would also match before a final newline.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 NAME_MAX_LENGTH = 100
 HASH_LENGTH = 10
 TICK_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 KEY_RE = re.compile(
-    r"^cron:(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*):(?P<hash>[0-9a-f]{10}):"
-    r"(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$"
+    r"cron:(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*):(?P<hash>[0-9a-f]{10}):"
+    r"(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)"
 )
 # Bumped when tick times of an unchanged configuration would change (a new
 # DST rule, say): every schedule then gets a new hash and fresh ticks.
@@ -320,7 +321,7 @@ def _human(delta: timedelta) -> str:
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > NAME_MAX_LENGTH:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or len(name) > NAME_MAX_LENGTH:
         raise ScheduleError(
             f"schedule name {name!r} must be a str of letters, digits and _ . - "
             f"(starting with a letter or digit, at most {NAME_MAX_LENGTH} characters)"
@@ -606,7 +607,7 @@ class Tick:
 
 def parse_key(key: str) -> tuple[str, str, datetime] | None:
     """``(name, config hash, tick time)`` of a tick key, or None for any other key."""
-    match = KEY_RE.match(key)
+    match = KEY_RE.fullmatch(key)
     if match is None:
         return None
     time = datetime.strptime(match["time"], TICK_FORMAT).replace(tzinfo=UTC)

@@ -41,9 +41,10 @@ from django.db.models.functions import Collate
 
 from django_delayq.models import Message
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
-_INT = re.compile(r"^-?\d+$")
-_FLOAT = re.compile(r"^-?\d+\.\d+(?:[eE][-+]?\d+)?$|^-?\d+[eE][-+]?\d+$")
+# Matched whole (``fullmatch``): ``$`` would also match before a final newline.
+_SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
+_INT = re.compile(r"-?[0-9]+")
+_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+(?:[eE][-+]?[0-9]+)?|-?[0-9]+[eE][-+]?[0-9]+")
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
 # JSON numbers beyond 64 bits are not portable between the backends: strings only.
 _INT_LIMIT = 2**63 - 1
@@ -80,9 +81,9 @@ class ParsedSearch:
 
 def parse_value(raw: str) -> tuple[Any, ...]:
     """The JSON values an unquoted ``raw`` matches: typed first, then its string form."""
-    if _INT.match(raw) and abs(int(raw)) <= _INT_LIMIT:
+    if _INT.fullmatch(raw) and abs(int(raw)) <= _INT_LIMIT:
         return (int(raw), raw)
-    if _FLOAT.match(raw):
+    if _FLOAT.fullmatch(raw):
         return (float(raw), raw)
     if raw in _LITERALS:
         return (_LITERALS[raw], raw)
@@ -91,7 +92,7 @@ def parse_value(raw: str) -> tuple[Any, ...]:
 
 def parse_path(raw: str) -> tuple[str, ...] | None:
     segments = tuple(raw.split("."))
-    if all(_SEGMENT.match(s) and "__" not in s for s in segments):
+    if all(_SEGMENT.fullmatch(s) and "__" not in s for s in segments):
         return segments
     return None
 

@@ -52,15 +52,15 @@ SAMPLE_SIZE = 10
 # -- forms ----------------------------------------------------------------------------
 
 _DELAY = re.compile(
-    r"^\s*(?:(?P<d>\d+)\s*d)?\s*(?:(?P<h>\d+)\s*h)?\s*(?:(?P<m>\d+)\s*m(?:in)?)?"
-    r"\s*(?:(?P<s>\d+)\s*s?)?\s*$",
+    r"\s*(?:(?P<d>[0-9]+)\s*d)?\s*(?:(?P<h>[0-9]+)\s*h)?\s*(?:(?P<m>[0-9]+)\s*m(?:in)?)?"
+    r"\s*(?:(?P<s>[0-9]+)\s*s?)?\s*",
     re.IGNORECASE,
 )
 
 
 def parse_delay(text: str) -> timedelta:
     """``90`` or ``90s``, ``15m``, ``2h``, ``1d``, and sums like ``1h30m`` or ``1d 2h``."""
-    match = _DELAY.match(text or "")
+    match = _DELAY.fullmatch(text or "")
     if not match or not any(match.groupdict().values()):
         raise ValueError(f"not a delay: {text!r} (try 90s, 15m, 2h, 1d or 1h30m)")
     parts = {k: int(v) for k, v in match.groupdict().items() if v}

@@ -173,6 +173,7 @@ def _bad(**kwargs):
         (_bad(queue=""), ValueError, "queue name must not be empty"),
         (_bad(queue="q" * 101), ValueError, "over 100"),
         (_bad(queue="has space"), ValueError, "may only hold"),
+        (_bad(queue="emails\n"), ValueError, "may only hold"),
         (_bad(run_at=datetime(2030, 1, 1)), ValueError, "naive datetime"),
         (_bad(run_at=timezone.now(), delay=5), ValueError, "not both"),
         (_bad(delay=-1), ValueError, "must not be negative"),

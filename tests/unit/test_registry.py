@@ -29,6 +29,8 @@ def test_handler_options_are_validated_at_decoration():
         handler("q1", lease=-1)
     with pytest.raises(ValueError, match="queue name must not be empty"):
         handler("")
+    with pytest.raises(ValueError, match="may only hold"):
+        handler("emails\n")
     with pytest.raises(TypeError, match="retry policy"):
         handler("q1", retry=object())
 

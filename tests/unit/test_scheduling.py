@@ -113,7 +113,7 @@ def test_bad_schedules_raise_with_their_check_id(options, check_id, words):
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["", "a:b", "with space", "-x", "x" * 101, 5])
+@pytest.mark.parametrize("name", ["", "a:b", "with space", "-x", "x" * 101, 5, "nightly\n"])
 def test_names_that_would_break_key_prefixes_are_refused(name):
     with pytest.raises(ScheduleError, match="schedule name"):
         parse_schedule(name, {"every": 30, "queue": "q"})
@@ -175,7 +175,13 @@ def test_tick_keys_embed_name_hash_and_utc_time_and_parse_back():
 
 @pytest.mark.parametrize(
     "key",
-    ["welcome-42", "cron:x", "cron:x:zzzzzzzzzz:2026-03-29T01:00:00Z", "cron:x:0123456789:soon"],
+    [
+        "welcome-42",
+        "cron:x",
+        "cron:x:zzzzzzzzzz:2026-03-29T01:00:00Z",
+        "cron:x:0123456789:soon",
+        "cron:x:0123456789:2026-03-29T01:00:00Z\n",
+    ],
 )
 def test_other_keys_are_not_ticks(key):
     assert parse_key(key) is None
