@@ -52,6 +52,9 @@ def validate_kind(kind: object) -> str:
         raise TypeError(f"kind must be a str, got {type(kind).__name__}")
     if len(kind) > KIND_MAX_LENGTH:
         raise ValueError(f"kind is {len(kind)} characters, over {KIND_MAX_LENGTH}")
+    if "\x00" in kind:
+        # PostgreSQL's text cannot hold it; the other databases would store it.
+        raise ValueError(f"kind contains a NUL character (\\x00): {kind!r}")
     return kind
 
 

@@ -174,6 +174,8 @@ def _bad(**kwargs):
         (_bad(queue="q" * 101), ValueError, "over 100"),
         (_bad(queue="has space"), ValueError, "may only hold"),
         (_bad(queue="emails\n"), ValueError, "may only hold"),
+        (_bad(kind="sign\x00up"), ValueError, r"kind contains a NUL character \(\\x00\)"),
+        (_bad(kind=5), TypeError, "kind must be a str"),
         (_bad(run_at=datetime(2030, 1, 1)), ValueError, "naive datetime"),
         (_bad(run_at=timezone.now(), delay=5), ValueError, "not both"),
         (_bad(delay=-1), ValueError, "must not be negative"),

@@ -31,6 +31,8 @@ def test_handler_options_are_validated_at_decoration():
         handler("")
     with pytest.raises(ValueError, match="may only hold"):
         handler("emails\n")
+    with pytest.raises(ValueError, match="kind contains a NUL"):
+        handler("q1", kind="sign\x00up")
     with pytest.raises(TypeError, match="retry policy"):
         handler("q1", retry=object())
 

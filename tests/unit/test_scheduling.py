@@ -96,6 +96,7 @@ def test_cron_timezone_defaults_to_the_project_time_zone():
         ({"every": "30", "queue": "q"}, "E014", "timedelta"),
         ({"every": 30}, "E010", "queue is required"),
         ({"every": 30, "queue": "bad queue"}, "E010", "queue name"),
+        ({"every": 30, "queue": "q", "kind": "a\x00b"}, "E010", "kind contains a NUL"),
         ({"every": 30, "queue": "q", "catch_up": "all"}, "E010", "catch_up"),
         ({"every": 30, "queue": "q", "ahead": 0}, "E010", "ahead"),
         ({"every": 30, "queue": "q", "grace": 0}, "E010", "grace"),
