@@ -8,6 +8,7 @@ from typing import Any
 from django.core.checks import Error, Tags, Warning, register
 
 from django_delayq.conf import DEFAULTS, DURATION_SETTINGS
+from django_delayq.models import MAX_ATTEMPTS_LIMIT
 
 POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "MAX_ATTEMPTS", "PRUNE_BATCH_SIZE")
 QUEUE_KEYS = ("LEASE", "MAX_ATTEMPTS", "RETRY_POLICY", "CONCURRENCY", "TIME_LIMIT")
@@ -48,6 +49,13 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             errors.append(
                 Error(
                     f"{where}{name} must be a positive integer, got {value!r}",
+                    id="django_delayq.E004",
+                )
+            )
+        elif name == "MAX_ATTEMPTS" and value > MAX_ATTEMPTS_LIMIT:
+            errors.append(
+                Error(
+                    f"{where}MAX_ATTEMPTS must be at most {MAX_ATTEMPTS_LIMIT}, got {value!r}",
                     id="django_delayq.E004",
                 )
             )

@@ -37,7 +37,7 @@ from django_delayq.models import (
     returned_columns,
 )
 from django_delayq.payload import encode_payload
-from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
 
 OnConflict = Literal["ignore", "update", "error"]
 ON_CONFLICT_CHOICES = ("ignore", "update", "error")
@@ -110,14 +110,6 @@ def _check_priority(priority: object) -> int:
 
 # Public name for the other writers of the queue columns (operations.py).
 check_priority = _check_priority
-
-
-def _check_max_attempts(max_attempts: object) -> int | None:
-    if max_attempts is None:
-        return None
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive integer or None, got {max_attempts!r}")
-    return max_attempts
 
 
 def _check_on_conflict(on_conflict: object) -> str:
@@ -203,7 +195,7 @@ def enqueue_many(
         _check_key(k, where)
         encoded.append(encode_payload(p, where))
     _check_priority(priority)
-    max_attempts = _check_max_attempts(max_attempts)
+    max_attempts = validate_max_attempts(max_attempts)
     _check_on_conflict(on_conflict)
     now = clock.now()
     due = resolve_run_at(run_at, delay, now)

@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import HandlerNotFound
-from django_delayq.models import KIND_MAX_LENGTH, QUEUE_MAX_LENGTH
+from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
 
 if TYPE_CHECKING:
@@ -56,6 +56,22 @@ def validate_kind(kind: object) -> str:
         # PostgreSQL's text cannot hold it; the other databases would store it.
         raise ValueError(f"kind contains a NUL character (\\x00): {kind!r}")
     return kind
+
+
+def validate_max_attempts(max_attempts: object) -> int | None:
+    """None (the handler's or the setting's value), or an int from 1 to ``MAX_ATTEMPTS_LIMIT``."""
+    if max_attempts is None:
+        return None
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ValueError(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT} or None, "
+            f"got {max_attempts!r}"
+        )
+    return max_attempts
 
 
 @dataclass(frozen=True)
@@ -229,10 +245,7 @@ def handler(
     validate_queue_name(queue)
     if kind is not None:
         validate_kind(kind)
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+    validate_max_attempts(max_attempts)
     lease_td = to_timedelta(lease) if lease is not None else None
     if lease_td is not None and lease_td <= timedelta(0):
         raise ValueError(f"lease must be positive, got {lease!r}")

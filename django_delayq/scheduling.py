@@ -44,7 +44,7 @@ from django.db.models import Q
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.models import PRIORITY_MAX, PRIORITY_MIN, Message
+from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.registry import validate_kind, validate_queue_name
 
 if TYPE_CHECKING:
@@ -433,7 +433,7 @@ def build_schedule(
         raise ScheduleError(str(exc)) from None
     _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
     if max_attempts is not None:
-        _check_int("max_attempts", max_attempts, 1, 2**31 - 1)
+        _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS_LIMIT)
     if catch_up not in CATCH_UP_CHOICES:
         raise ScheduleError(
             f"catch_up must be one of {', '.join(CATCH_UP_CHOICES)}, got {catch_up!r}"

@@ -43,7 +43,14 @@ from django_delayq import clock, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.execute import _max_attempts
-from django_delayq.models import Message, due_condition, retrying_condition
+from django_delayq.models import (
+    MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    Message,
+    due_condition,
+    retrying_condition,
+)
 from django_delayq.payload import check_payload
 from django_delayq.registry import registry
 
@@ -340,6 +347,19 @@ class PrettyJSONField(forms.JSONField):
 
 
 class MessageForm(forms.ModelForm):
+    # Bounded here, not only by the database: SQLite checks no integer range,
+    # and a value past the column's range must be a form error, not a 500.
+    priority = forms.IntegerField(
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        help_text=Message._meta.get_field("priority").help_text,
+    )
+    max_attempts = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_ATTEMPTS_LIMIT,
+        help_text=Message._meta.get_field("max_attempts").help_text,
+    )
     payload = PrettyJSONField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 16, "cols": 100, "class": "vLargeTextField"}),

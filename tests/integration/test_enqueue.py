@@ -187,6 +187,8 @@ def _bad(**kwargs):
         (_bad(payload={"s": {1, 2}}), TypeError, r"payload\['s'\] is of type set"),
         (_bad(payload={"s": "nul\x00"}), ValueError, "NUL"),
         (_bad(max_attempts=0), ValueError, "max_attempts"),
+        (_bad(max_attempts=1_000_001), ValueError, "max_attempts must be an integer from 1 to"),
+        (_bad(max_attempts=2**31), ValueError, "max_attempts must be an integer from 1 to"),
     ],
 )
 def test_bad_input_raises_early_and_writes_nothing(kwargs, error, match):

@@ -27,6 +27,8 @@ def test_defaults_pass():
         ({"CONCURRENCY": 0}, ["django_delayq.E004"]),
         ({"BATCH_SIZE": 2.5}, ["django_delayq.E004"]),
         ({"MAX_ATTEMPTS": True}, ["django_delayq.E004"]),
+        ({"MAX_ATTEMPTS": 1_000_001}, ["django_delayq.E004"]),
+        ({"QUEUES": {"emails": {"MAX_ATTEMPTS": 2**31}}}, ["django_delayq.E004"]),
         ({"RETRY_POLICY": "no.such.Policy"}, ["django_delayq.E005"]),
         ({"QUEUES": {"emails": {"LEASE": 0}}}, ["django_delayq.E003"]),
         ({"QUEUES": {"emails": {"RETENTION": 5}}}, ["django_delayq.E006"]),

@@ -25,6 +25,8 @@ def test_unknown_queue_is_not_found():
 def test_handler_options_are_validated_at_decoration():
     with pytest.raises(ValueError, match="max_attempts"):
         handler("q1", max_attempts=0)
+    with pytest.raises(ValueError, match="max_attempts must be an integer from 1 to 1000000"):
+        handler("q1", max_attempts=1_000_001)
     with pytest.raises(ValueError, match="lease"):
         handler("q1", lease=-1)
     with pytest.raises(ValueError, match="queue name must not be empty"):

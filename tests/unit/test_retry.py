@@ -11,6 +11,14 @@ def test_backoff_grows_and_is_capped_without_jitter():
     assert delays == [1, 2, 4, 8, 10, 10]
 
 
+def test_backoff_stays_capped_at_the_highest_attempt_numbers():
+    # factor ** attempt overflows a float past attempt 1,024 (factor 2);
+    # max_attempts goes up to MAX_ATTEMPTS_LIMIT.
+    policy = ExponentialBackoff(base=1, factor=2, cap=10, jitter=False)
+    assert policy.next_delay(1_025, Exception()) == timedelta(seconds=10)
+    assert policy.next_delay(1_000_000, Exception()) == timedelta(seconds=10)
+
+
 def test_jitter_keeps_delay_between_half_and_full():
     policy = ExponentialBackoff(base=8, factor=2, cap=1000, jitter=True)
     for attempt in range(1, 5):

@@ -102,6 +102,7 @@ def test_cron_timezone_defaults_to_the_project_time_zone():
         ({"every": 30, "queue": "q", "grace": 0}, "E010", "grace"),
         ({"every": 30, "queue": "q", "priority": 40000}, "E010", "priority"),
         ({"every": 30, "queue": "q", "max_attempts": 0}, "E010", "max_attempts"),
+        ({"every": 30, "queue": "q", "max_attempts": 1_000_001}, "E010", "[1, 1000000]"),
         ({"every": 30, "queue": "q", "payload": {"x": {1, 2}}}, "E010", "set"),
         ({"every": 30, "queue": "q", "evrey": 5}, "E010", "'evrey'"),
         ("every 30", "E010", "dict of options"),
