@@ -26,7 +26,7 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_delayq import clock, signals
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import check_delay, get_config, to_timedelta
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import (
     KEY_MAX_LENGTH,
@@ -77,6 +77,12 @@ def _check_key(key: object, where: str = "") -> str:
     return key
 
 
+#: The range of ``run_at`` (its wall-clock time, in whatever time zone it is):
+#: MariaDB's DATETIME holds the years 1000 to 9999, and a time at either end of
+#: Python's ``datetime`` cannot be shown in every time zone (the admin's pages).
+RUN_AT_RANGE = (datetime(1000, 1, 2), datetime(9999, 1, 1))
+
+
 def resolve_run_at(
     run_at: datetime | None, delay: timedelta | int | float | None, now: datetime
 ) -> datetime:
@@ -91,12 +97,15 @@ def resolve_run_at(
                 "run_at is a naive datetime while USE_TZ is True; pass an aware datetime "
                 "(e.g. django.utils.timezone.now() + timedelta(...))"
             )
+        earliest, latest = RUN_AT_RANGE
+        if not earliest <= run_at.replace(tzinfo=None) < latest:
+            raise ValueError(
+                f"run_at {run_at.isoformat()} is out of range: it must be from "
+                f"{earliest.date()} to {latest.date()}"
+            )
         return run_at
     if delay is not None:
-        delta = to_timedelta(delay)
-        if delta < timedelta(0):
-            raise ValueError(f"delay must not be negative, got {delay!r}")
-        return now + delta
+        return now + check_delay(delay, "delay")
     return now
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
@@ -246,14 +246,18 @@ def handler(
     if kind is not None:
         validate_kind(kind)
     validate_max_attempts(max_attempts)
-    lease_td = to_timedelta(lease) if lease is not None else None
+    lease_td = to_timedelta(lease, "lease") if lease is not None else None
     if lease_td is not None and lease_td <= timedelta(0):
         raise ValueError(f"lease must be positive, got {lease!r}")
+    if lease_td is not None:
+        check_max_delay(lease_td, "lease", lease)
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
-    time_limit_td = to_timedelta(time_limit) if time_limit is not None else None
+    time_limit_td = to_timedelta(time_limit, "time_limit") if time_limit is not None else None
     if time_limit_td is not None and time_limit_td <= timedelta(0):
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+    if time_limit_td is not None:
+        check_max_delay(time_limit_td, "time_limit", time_limit)
     policy = resolve_policy(retry) if retry is not None else None
     if model is not None:
         from django_delayq.entity import QueueFields

@@ -11,7 +11,7 @@ from datetime import timedelta
 from django.db import router
 
 from django_delayq import clock
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import check_max_delay, get_config, to_timedelta
 from django_delayq.models import Message
 
 
@@ -25,9 +25,11 @@ def prune(
 ) -> int:
     """Delete finished messages that finished more than ``older_than`` ago."""
     config = get_config()
-    retention = to_timedelta(config["RETENTION"] if older_than is None else older_than)
+    name = "DELAYQ['RETENTION']" if older_than is None else "older_than"
+    retention = to_timedelta(config["RETENTION"] if older_than is None else older_than, name)
     if retention < timedelta(0):
-        raise ValueError("older_than must not be negative")
+        raise ValueError(f"{name} must not be negative")
+    check_max_delay(retention, name, older_than)
     batch = int(batch_size or config["PRUNE_BATCH_SIZE"])
     alias = using or router.db_for_write(Message)
     cutoff = clock.now() - retention

@@ -43,7 +43,7 @@ from django.db import router, transaction
 from django.db.models import Q
 
 from django_delayq import clock
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.registry import validate_kind, validate_queue_name
 
@@ -348,7 +348,7 @@ def _check_cron(expr: object) -> str:
 def _check_every(value: object) -> timedelta:
     try:
         period = to_timedelta(value)  # type: ignore[arg-type]
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ScheduleError(f"every: {exc}", check_id="django_delayq.E014") from None
     if period <= timedelta(0):
         raise ScheduleError(
@@ -359,7 +359,10 @@ def _check_every(value: object) -> timedelta:
             f"every must be a whole number of seconds, got {value!r}",
             check_id="django_delayq.E014",
         )
-    return period
+    try:
+        return check_max_delay(period, "every", value)
+    except ValueError as exc:
+        raise ScheduleError(str(exc), check_id="django_delayq.E014") from None
 
 
 def _check_timezone(value: object) -> str:
@@ -439,12 +442,20 @@ def build_schedule(
             f"catch_up must be one of {', '.join(CATCH_UP_CHOICES)}, got {catch_up!r}"
         )
     _check_int("ahead", ahead, 1, MAX_AHEAD)
+    if period is not None and period * ahead > MAX_DELAY:
+        # At least ``ahead`` ticks are installed: the last must be a due time
+        # every database can store.
+        raise ScheduleError(
+            f"every ({_human(period)}) times ahead ({ahead}) must be at most "
+            f"{MAX_DELAY.days} days (about 1,000 years): that many ticks are installed",
+            check_id="django_delayq.E014",
+        )
     grace_td = None
     if grace is not None:
         try:
-            grace_td = to_timedelta(grace)
-        except TypeError as exc:
-            raise ScheduleError(f"grace: {exc}") from None
+            grace_td = check_max_delay(to_timedelta(grace, "grace"), "grace", grace)
+        except (TypeError, ValueError) as exc:
+            raise ScheduleError(str(exc)) from None
         if grace_td <= timedelta(0):
             raise ScheduleError(f"grace must be positive, got {grace!r}")
     result = Schedule(

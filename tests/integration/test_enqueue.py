@@ -1,6 +1,6 @@
 """Producing: outcomes, transactions, validation, batching."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_delayq import Outcome, enqueue, enqueue_many
+from django_delayq.conf import MAX_DELAY
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
 from tests.conftest import finishes_within
@@ -179,6 +180,13 @@ def _bad(**kwargs):
         (_bad(run_at=datetime(2030, 1, 1)), ValueError, "naive datetime"),
         (_bad(run_at=timezone.now(), delay=5), ValueError, "not both"),
         (_bad(delay=-1), ValueError, "must not be negative"),
+        (_bad(delay=10**12), ValueError, "delay must be at most 365000 days"),
+        (_bad(delay=timedelta.max), ValueError, "delay must be at most 365000 days"),
+        (_bad(delay=10**15), ValueError, "delay: 1000000000000000 seconds is out of range"),
+        (_bad(delay=float("inf")), ValueError, "delay: inf seconds is out of range"),
+        (_bad(delay=float("nan")), ValueError, "delay: nan seconds is out of range"),
+        (_bad(run_at=datetime.max.replace(tzinfo=UTC)), ValueError, "run_at .* is out of range"),
+        (_bad(run_at=datetime.min.replace(tzinfo=UTC)), ValueError, "run_at .* is out of range"),
         (_bad(delay="soon"), TypeError, "timedelta or a number"),
         (_bad(priority=40000), ValueError, "out of range"),
         (_bad(priority=1.5), TypeError, "priority must be an int"),
@@ -195,6 +203,16 @@ def test_bad_input_raises_early_and_writes_nothing(kwargs, error, match):
     with pytest.raises(error, match=match):
         enqueue(**kwargs)
     assert not Message.objects.exists()
+
+
+def test_the_farthest_due_times_accepted_are_stored_and_read_back(fake_clock):
+    latest = datetime(9998, 12, 31, 23, 59, 59, tzinfo=UTC)
+    earliest = datetime(1000, 1, 2, tzinfo=UTC)
+    enqueue("default", {}, key="latest", run_at=latest)
+    enqueue("default", {}, key="earliest", run_at=earliest)
+    enqueue("default", {}, key="far", delay=MAX_DELAY)
+    due = dict(Message.objects.values_list("key", "next_attempt_time"))
+    assert due == {"latest": latest, "earliest": earliest, "far": fake_clock() + MAX_DELAY}
 
 
 def test_bad_message_in_a_batch_names_its_index_and_writes_nothing():

@@ -29,6 +29,10 @@ def test_handler_options_are_validated_at_decoration():
         handler("q1", max_attempts=1_000_001)
     with pytest.raises(ValueError, match="lease"):
         handler("q1", lease=-1)
+    with pytest.raises(ValueError, match="lease must be at most 365000 days"):
+        handler("q1", lease=10**12)
+    with pytest.raises(ValueError, match="time_limit: inf seconds is out of range"):
+        handler("q1", time_limit=float("inf"))
     with pytest.raises(ValueError, match="queue name must not be empty"):
         handler("")
     with pytest.raises(ValueError, match="may only hold"):
