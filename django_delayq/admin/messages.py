@@ -310,10 +310,9 @@ class OverdueFilter(admin.SimpleListFilter):
         if value is None:
             return queryset
         try:
-            seconds = int(value)
-        except ValueError as exc:
+            cutoff = clock.now() - timedelta(seconds=int(value))
+        except (ValueError, OverflowError) as exc:  # not a number, or before the year 1
             raise IncorrectLookupParameters(exc) from exc
-        cutoff = clock.now() - timedelta(seconds=seconds)
         return queryset.filter(due_condition(cutoff))
 
 
@@ -598,6 +597,14 @@ class MessageAdmin(admin.ModelAdmin):
         if active or request.GET.get("retrying") or request.GET.get("overdue"):
             columns += ("next_attempt", "priority")
         return columns
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # PostgreSQL cannot take NUL in text, not even as a parameter to compare
+        # with: a filter or search holding one is refused like any bad lookup
+        # (Django redirects to the list with ?e=1).
+        if any("\x00" in value for _, values in request.GET.lists() for value in values):
+            raise IncorrectLookupParameters("a parameter contains NUL (\\x00)")
+        return super().get_changelist_instance(request)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Message], search_term: str
