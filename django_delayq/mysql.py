@@ -256,7 +256,9 @@ def _read(
         return list(qs.select_for_update())
     isolation = getattr(connection, "isolation_level", None) or "repeatable read"
     if lock and isolation not in ("read committed", "read uncommitted"):
-        sql, params = qs.query.sql_with_params()
+        # Compiled for this connection: sql_with_params() would compile it for
+        # the default alias, whose backend (and quoting) may be another.
+        sql, params = qs.query.get_compiler(using=connection.alias).as_sql()
         return list(
             Message.objects.raw(f"{sql} LOCK IN SHARE MODE", params, using=connection.alias)
         )
