@@ -43,7 +43,12 @@ from django.utils.module_loading import import_string
 from django_delayq.exceptions import Retry
 from django_delayq.models import Message
 from django_delayq.payload import encode_payload
-from django_delayq.registry import HandlerSpec, registry, validate_queue_name
+from django_delayq.registry import (
+    HandlerSpec,
+    registry,
+    validate_max_attempts,
+    validate_queue_name,
+)
 from django_delayq.store import changes
 
 if TYPE_CHECKING:
@@ -257,16 +262,11 @@ class DelayQBackend(BaseTaskBackend):
                     id="django_delayq.E042",
                 )
             )
-        limit = self.max_attempts
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
+        try:
+            validate_max_attempts(self.max_attempts)
+        except ValueError as exc:
             errors.append(
-                checks.Error(
-                    f"{where}['OPTIONS']['MAX_ATTEMPTS'] must be a positive integer or None, "
-                    f"got {limit!r}",
-                    id="django_delayq.E042",
-                )
+                checks.Error(f"{where}['OPTIONS']['MAX_ATTEMPTS']: {exc}", id="django_delayq.E042")
             )
         return errors
 

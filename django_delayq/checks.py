@@ -7,7 +7,8 @@ from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
 
-from django_delayq.conf import DEFAULTS, DURATION_SETTINGS
+from django_delayq.conf import DEFAULTS, DURATION_SETTINGS, MAX_DELAY
+from django_delayq.models import MAX_ATTEMPTS_LIMIT
 
 POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "MAX_ATTEMPTS", "PRUNE_BATCH_SIZE")
 QUEUE_KEYS = ("LEASE", "MAX_ATTEMPTS", "RETRY_POLICY", "CONCURRENCY", "TIME_LIMIT")
@@ -19,7 +20,12 @@ def _duration(value: Any) -> timedelta | None:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
+        try:
+            return timedelta(seconds=value)
+        except (OverflowError, ValueError):
+            # More seconds than a timedelta holds (1e15, an infinity, NaN):
+            # reported as too long, or as negative.
+            return timedelta.min if value < 0 else timedelta.max
     return None
 
 
@@ -41,6 +47,14 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             errors.append(
                 Error(f"{where}{name} must be positive, got {value!r}", id="django_delayq.E003")
             )
+        elif td > MAX_DELAY:
+            errors.append(
+                Error(
+                    f"{where}{name} must be at most {MAX_DELAY.days} days (about 1,000 years), "
+                    f"got {value!r}",
+                    id="django_delayq.E003",
+                )
+            )
     elif name in POSITIVE_INTS:
         if name == "BATCH_SIZE" and value is None:
             return []
@@ -48,6 +62,13 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             errors.append(
                 Error(
                     f"{where}{name} must be a positive integer, got {value!r}",
+                    id="django_delayq.E004",
+                )
+            )
+        elif name == "MAX_ATTEMPTS" and value > MAX_ATTEMPTS_LIMIT:
+            errors.append(
+                Error(
+                    f"{where}MAX_ATTEMPTS must be at most {MAX_ATTEMPTS_LIMIT}, got {value!r}",
                     id="django_delayq.E004",
                 )
             )
@@ -101,7 +122,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         errors.extend(_check_value(name, value, "DELAYQ: "))
     beat = _duration(user.get("HEARTBEAT_INTERVAL", DEFAULTS["HEARTBEAT_INTERVAL"]))
     dead = _duration(user.get("WORKER_DEAD_AFTER", DEFAULTS["WORKER_DEAD_AFTER"]))
-    if beat and dead and beat > timedelta(0) and dead < 2 * beat:
+    if beat and dead and timedelta(0) < beat <= MAX_DELAY and dead < 2 * beat:
         # One late heartbeat (a slow query, a busy host) must not make a
         # live worker look dead and lose its messages to the others.
         errors.append(

@@ -93,15 +93,50 @@ DURATION_SETTINGS = (
 )
 
 
-def to_timedelta(value: timedelta | int | float) -> timedelta:
-    """Every duration accepts a ``timedelta`` or a number of seconds."""
+#: The longest duration accepted: a delay (``enqueue(delay=)``, ``Retry(delay=)``,
+#: the admin's reschedule; a retry policy's longer delay is cut to it), a
+#: lease, a time limit, a schedule's period or grace, a retention. About 1,000
+#: years: a due time computed from one stays far inside what every database
+#: and Python's ``datetime`` hold (up to the year 9999).
+MAX_DELAY = timedelta(days=365_000)
+
+
+def to_timedelta(value: timedelta | int | float, name: str = "") -> timedelta:
+    """Every duration accepts a ``timedelta`` or a number of seconds.
+
+    A number no ``timedelta`` can hold (an infinity, NaN, or past 999,999,999
+    days) is a ``ValueError``; ``name``, when given, starts the message.
+    """
     if isinstance(value, timedelta):
         return value
+    prefix = f"{name}: " if name else ""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(
-            f"expected a datetime.timedelta or a number of seconds, got {type(value).__name__}"
+            f"{prefix}expected a datetime.timedelta or a number of seconds, "
+            f"got {type(value).__name__}"
         )
-    return timedelta(seconds=value)
+    try:
+        return timedelta(seconds=value)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{prefix}{value!r} seconds is out of range") from None
+
+
+def check_max_delay(delta: timedelta, name: str, value: object = None) -> timedelta:
+    """``delta``, or a ``ValueError`` naming ``name`` if it is longer than ``MAX_DELAY``."""
+    if delta > MAX_DELAY:
+        shown = delta if value is None else value
+        raise ValueError(
+            f"{name} must be at most {MAX_DELAY.days} days (about 1,000 years), got {shown!r}"
+        )
+    return delta
+
+
+def check_delay(value: timedelta | int | float, name: str = "delay") -> timedelta:
+    """A delay from now: a duration from zero to ``MAX_DELAY``; errors name ``name``."""
+    delta = to_timedelta(value, name)
+    if delta < timedelta(0):
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return check_max_delay(delta, name, value)
 
 
 @functools.cache
@@ -119,7 +154,7 @@ def get_config() -> dict[str, Any]:
             continue
         try:
             config[name] = to_timedelta(value)
-        except TypeError:
+        except (TypeError, ValueError):
             pass
     return config
 

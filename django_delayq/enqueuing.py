@@ -22,11 +22,11 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from django_delayq import clock, signals
-from django_delayq.conf import to_timedelta
+from django_delayq.conf import check_delay
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.payload import encode_payload
-from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
 from django_delayq.store import write
 from django_delayq.store.write import Outcome
 
@@ -55,6 +55,12 @@ def _check_key(key: object, where: str = "") -> str:
     return key
 
 
+#: The range of ``run_at`` (its wall-clock time, in whatever time zone it is):
+#: MariaDB's DATETIME holds the years 1000 to 9999, and a time at either end of
+#: Python's ``datetime`` cannot be shown in every time zone (the admin's pages).
+RUN_AT_RANGE = (datetime(1000, 1, 2), datetime(9999, 1, 1))
+
+
 def resolve_run_at(
     run_at: datetime | None, delay: timedelta | int | float | None, now: datetime
 ) -> datetime:
@@ -69,12 +75,15 @@ def resolve_run_at(
                 "run_at is a naive datetime while USE_TZ is True; pass an aware datetime "
                 "(e.g. django.utils.timezone.now() + timedelta(...))"
             )
+        earliest, latest = RUN_AT_RANGE
+        if not earliest <= run_at.replace(tzinfo=None) < latest:
+            raise ValueError(
+                f"run_at {run_at.isoformat()} is out of range: it must be from "
+                f"{earliest.date()} to {latest.date()}"
+            )
         return run_at
     if delay is not None:
-        delta = to_timedelta(delay)
-        if delta < timedelta(0):
-            raise ValueError(f"delay must not be negative, got {delay!r}")
-        return now + delta
+        return now + check_delay(delay, "delay")
     return now
 
 
@@ -88,14 +97,6 @@ def _check_priority(priority: object) -> int:
 
 # Public name for the other writers of the queue columns (operations.py).
 check_priority = _check_priority
-
-
-def _check_max_attempts(max_attempts: object) -> int | None:
-    if max_attempts is None:
-        return None
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive integer or None, got {max_attempts!r}")
-    return max_attempts
 
 
 def _check_on_conflict(on_conflict: object) -> str:
@@ -181,7 +182,7 @@ def enqueue_many(
         _check_key(k, where)
         encoded.append(encode_payload(p, where))
     _check_priority(priority)
-    max_attempts = _check_max_attempts(max_attempts)
+    max_attempts = validate_max_attempts(max_attempts)
     _check_on_conflict(on_conflict)
     now = clock.now()
     due = resolve_run_at(run_at, delay, now)

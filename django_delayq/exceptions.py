@@ -14,11 +14,12 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: timedelta | int | float = 0, reason: str = "") -> None:
-        from django_delayq.conf import to_timedelta
+        from django_delayq.conf import check_delay
 
-        self.delay = to_timedelta(delay)
-        if self.delay < timedelta(0):
-            raise ValueError("Retry delay must not be negative")
+        # A delay no database could store (past ``conf.MAX_DELAY``) is refused
+        # here, in the handler: the attempt fails with this error, as with any
+        # other exception, instead of the worker failing to record a snooze.
+        self.delay = check_delay(delay, "Retry delay")
         self.reason = reason
         super().__init__(reason or f"retry in {self.delay}")
 

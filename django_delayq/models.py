@@ -25,6 +25,12 @@ KEY_MAX_LENGTH = 255
 KIND_MAX_LENGTH = 100
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
+#: Largest ``max_attempts`` accepted: by ``enqueue``, ``@handler``, schedules,
+#: the ``MAX_ATTEMPTS`` settings and the admin. The column is a 32-bit integer
+#: on PostgreSQL (up to 2,147,483,647) and each snooze (``Retry``) raises a
+#: message's ``max_attempts`` by one, so a message can snooze more than two
+#: billion times before the column would overflow.
+MAX_ATTEMPTS_LIMIT = 1_000_000
 
 # The status values of every table with the queue columns, for index conditions.
 ACTIVE_STATUS_VALUES = ACTIVE

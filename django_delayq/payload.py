@@ -40,10 +40,48 @@ def encode_payload(payload: Any, where: str = "") -> str:
 
     Refused: anything JSON cannot hold (with its type and path), non-string
     keys, NaN and infinities (not JSON, and PostgreSQL's jsonb rejects them),
-    and the NUL character, which PostgreSQL's jsonb cannot store; rather than
-    silently altering the text, the caller is told where it is.
+    the NUL character, which PostgreSQL's jsonb cannot store (rather than
+    silently altering the text, the caller is told where it is), a payload
+    that contains itself, and one nested too deeply for JSON.
+
+    ``json.dumps`` runs first (in C): it refuses cycles, so the walk that
+    follows, which checks what ``json.dumps`` lets through (keys that are not
+    strings, NUL), never meets one and keeps no record of where it is. Only
+    when ``json.dumps`` fails does the walk run with that record, to name
+    the offending path: a shared value that is no cycle stays accepted.
     """
-    stack: list[tuple[Any, Trail]] = [(payload, None)]
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        _walk(payload, where, cycles=True)
+        if isinstance(exc, RecursionError):
+            raise ValueError(f"{where}payload is nested too deeply to encode as JSON") from None
+        raise ValueError(f"{where}payload cannot be encoded as JSON: {exc}") from exc
+    _walk(payload, where, cycles=False)
+    limit = get_config()["MAX_PAYLOAD_SIZE"]
+    if limit and len(text) * 4 > limit:  # cheap bound first: UTF-8 is at most 4 bytes a char
+        size = len(text.encode())
+        if size > limit:
+            raise ValueError(
+                f"{where}payload is {size} bytes encoded, over DELAYQ['MAX_PAYLOAD_SIZE'] ({limit})"
+            )
+    return text
+
+
+# Pushed after a container's items when the walk looks for cycles: popping it
+# means the container's items are done, so the container is no longer open.
+_CLOSE = object()
+
+
+def _walk(payload: Any, where: str, *, cycles: bool) -> None:
+    """Raise ``TypeError``/``ValueError`` for the first value the database cannot store.
+
+    With ``cycles``, it also keeps the containers it is inside of (those on the
+    path from the top), and refuses a value that is one of them. A container
+    referred to twice but not from inside itself is no cycle, and is accepted.
+    """
+    stack: list[tuple[Any, Any]] = [(payload, None)]
+    open_containers: dict[int, Trail] = {}
     while stack:
         value, trail = stack.pop()
         if value is None or isinstance(value, bool | int):
@@ -59,6 +97,15 @@ def encode_payload(payload: Any, where: str = "") -> str:
             if not math.isfinite(value):
                 raise ValueError(f"{where}{_path(trail)} is {value!r}, which JSON cannot hold")
             continue
+        if cycles and isinstance(value, dict | list | tuple):
+            if id(value) in open_containers:
+                outer = open_containers[id(value)]
+                raise ValueError(
+                    f"{where}{_path(trail)} refers to {_path(outer)}, which contains it: "
+                    "a payload cannot contain itself"
+                )
+            open_containers[id(value)] = trail
+            stack.append((_CLOSE, id(value)))
         if isinstance(value, dict):
             for k, v in value.items():
                 if not isinstance(k, str):
@@ -73,6 +120,9 @@ def encode_payload(payload: Any, where: str = "") -> str:
         if isinstance(value, list | tuple):
             stack.extend((v, (trail, i)) for i, v in enumerate(value))
             continue
+        if value is _CLOSE:
+            del open_containers[trail]
+            continue
         kind = type(value)
         name = (
             kind.__qualname__
@@ -83,12 +133,3 @@ def encode_payload(payload: Any, where: str = "") -> str:
             f"{where}{_path(trail)} is of type {name}, "
             "which is not JSON-serialisable (use str, int, float, bool, None, list or dict)"
         )
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    limit = get_config()["MAX_PAYLOAD_SIZE"]
-    if limit and len(text) * 4 > limit:  # cheap bound first: UTF-8 is at most 4 bytes a char
-        size = len(text.encode())
-        if size > limit:
-            raise ValueError(
-                f"{where}payload is {size} bytes encoded, over DELAYQ['MAX_PAYLOAD_SIZE'] ({limit})"
-            )
-    return text

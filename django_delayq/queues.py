@@ -26,6 +26,9 @@ def pause_queue(queue: str, *, by: str = "", reason: str = "", using: str | None
     ``paused_by`` and ``reason``).
     """
     queue = validate_queue_name(queue)
+    for name, text in (("reason", reason), ("by", by)):
+        if "\x00" in text:  # PostgreSQL's text cannot hold it
+            raise ValueError(f"{name} contains a NUL character (\\x00)")
     alias = using or router.db_for_write(QueueState)
     now = clock.now()
     changes = {

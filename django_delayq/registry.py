@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import HandlerNotFound
-from django_delayq.models import KIND_MAX_LENGTH, QUEUE_MAX_LENGTH
+from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
 
 if TYPE_CHECKING:
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 HandlerFunc = Callable[[Any], Any]
 F = TypeVar("F", bound=HandlerFunc)
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+# Matched whole (``fullmatch``): ``$`` would also match before a final newline.
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
 
 
 def validate_queue_name(queue: object) -> str:
@@ -38,7 +39,7 @@ def validate_queue_name(queue: object) -> str:
         raise ValueError("queue name must not be empty")
     if len(queue) > QUEUE_MAX_LENGTH:
         raise ValueError(f"queue name is {len(queue)} characters, over {QUEUE_MAX_LENGTH}")
-    if not QUEUE_NAME_RE.match(queue):
+    if not QUEUE_NAME_RE.fullmatch(queue):
         raise ValueError(
             f"queue name {queue!r} may only hold letters, digits and _ . : - "
             "(and must start with a letter or digit)"
@@ -51,7 +52,26 @@ def validate_kind(kind: object) -> str:
         raise TypeError(f"kind must be a str, got {type(kind).__name__}")
     if len(kind) > KIND_MAX_LENGTH:
         raise ValueError(f"kind is {len(kind)} characters, over {KIND_MAX_LENGTH}")
+    if "\x00" in kind:
+        # PostgreSQL's text cannot hold it; the other databases would store it.
+        raise ValueError(f"kind contains a NUL character (\\x00): {kind!r}")
     return kind
+
+
+def validate_max_attempts(max_attempts: object) -> int | None:
+    """None (the handler's or the setting's value), or an int from 1 to ``MAX_ATTEMPTS_LIMIT``."""
+    if max_attempts is None:
+        return None
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ValueError(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT} or None, "
+            f"got {max_attempts!r}"
+        )
+    return max_attempts
 
 
 @dataclass(frozen=True)
@@ -235,18 +255,19 @@ def handler(
     validate_queue_name(queue)
     if kind is not None:
         validate_kind(kind)
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
-    lease_td = to_timedelta(lease) if lease is not None else None
+    validate_max_attempts(max_attempts)
+    lease_td = to_timedelta(lease, "lease") if lease is not None else None
     if lease_td is not None and lease_td <= timedelta(0):
         raise ValueError(f"lease must be positive, got {lease!r}")
+    if lease_td is not None:
+        check_max_delay(lease_td, "lease", lease)
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
-    time_limit_td = to_timedelta(time_limit) if time_limit is not None else None
+    time_limit_td = to_timedelta(time_limit, "time_limit") if time_limit is not None else None
     if time_limit_td is not None and time_limit_td <= timedelta(0):
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
+    if time_limit_td is not None:
+        check_max_delay(time_limit_td, "time_limit", time_limit)
     policy = resolve_policy(retry) if retry is not None else None
     if model is not None:
         from django_delayq.entity import QueueFields

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django_delayq import clock
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import check_max_delay, get_config, to_timedelta
 from django_delayq.store import changes
 
 
@@ -22,9 +22,11 @@ def prune(
 ) -> int:
     """Delete finished messages that finished more than ``older_than`` (``RETENTION``) ago."""
     config = get_config()
-    retention = to_timedelta(config["RETENTION"] if older_than is None else older_than)
+    name = "DELAYQ['RETENTION']" if older_than is None else "older_than"
+    retention = to_timedelta(config["RETENTION"] if older_than is None else older_than, name)
     if retention < timedelta(0):
-        raise ValueError("older_than must not be negative")
+        raise ValueError(f"{name} must not be negative")
+    check_max_delay(retention, name, older_than)
     return changes.prune(
         clock.now() - retention,
         batch_size=int(batch_size or config["PRUNE_BATCH_SIZE"]),

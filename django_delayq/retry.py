@@ -48,7 +48,11 @@ class ExponentialBackoff:
     def next_delay(self, attempt: int, exc: BaseException) -> timedelta:
         base = to_timedelta(self.base).total_seconds()
         cap = to_timedelta(self.cap).total_seconds()
-        delay = min(cap, base * self.factor ** max(0, attempt - 1))
+        try:
+            grown = base * float(self.factor) ** max(0, attempt - 1)
+        except OverflowError:  # past about attempt 1,000 with factor 2: the cap
+            grown = cap
+        delay = min(cap, grown)
         if self.jitter:
             delay = delay / 2 + random.uniform(0, delay / 2)
         return timedelta(seconds=delay)

@@ -43,8 +43,8 @@ from django.db import router, transaction
 from django.db.models import Q
 
 from django_delayq import clock
-from django_delayq.conf import get_config, to_timedelta
-from django_delayq.models import PRIORITY_MAX, PRIORITY_MIN, Message
+from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
+from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.registry import validate_kind, validate_queue_name
 from django_delayq.store import changes
 
@@ -56,13 +56,14 @@ logger = logging.getLogger("django_delayq.worker")
 F = TypeVar("F", bound="HandlerFunc")
 
 KEY_PREFIX = "cron:"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# Both matched whole (``fullmatch``): ``$`` would also match before a final newline.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 NAME_MAX_LENGTH = 100
 HASH_LENGTH = 10
 TICK_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 KEY_RE = re.compile(
-    r"^cron:(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*):(?P<hash>[0-9a-f]{10}):"
-    r"(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$"
+    r"cron:(?P<name>[A-Za-z0-9][A-Za-z0-9_.\-]*):(?P<hash>[0-9a-f]{10}):"
+    r"(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)"
 )
 # Bumped when tick times of an unchanged configuration would change (a new
 # DST rule, say): every schedule then gets a new hash and fresh ticks.
@@ -321,7 +322,7 @@ def _human(delta: timedelta) -> str:
 
 
 def _check_name(name: object) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > NAME_MAX_LENGTH:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or len(name) > NAME_MAX_LENGTH:
         raise ScheduleError(
             f"schedule name {name!r} must be a str of letters, digits and _ . - "
             f"(starting with a letter or digit, at most {NAME_MAX_LENGTH} characters)"
@@ -348,7 +349,7 @@ def _check_cron(expr: object) -> str:
 def _check_every(value: object) -> timedelta:
     try:
         period = to_timedelta(value)  # type: ignore[arg-type]
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ScheduleError(f"every: {exc}", check_id="django_delayq.E014") from None
     if period <= timedelta(0):
         raise ScheduleError(
@@ -359,7 +360,10 @@ def _check_every(value: object) -> timedelta:
             f"every must be a whole number of seconds, got {value!r}",
             check_id="django_delayq.E014",
         )
-    return period
+    try:
+        return check_max_delay(period, "every", value)
+    except ValueError as exc:
+        raise ScheduleError(str(exc), check_id="django_delayq.E014") from None
 
 
 def _check_timezone(value: object) -> str:
@@ -433,18 +437,26 @@ def build_schedule(
         raise ScheduleError(str(exc)) from None
     _check_int("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
     if max_attempts is not None:
-        _check_int("max_attempts", max_attempts, 1, 2**31 - 1)
+        _check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS_LIMIT)
     if catch_up not in CATCH_UP_CHOICES:
         raise ScheduleError(
             f"catch_up must be one of {', '.join(CATCH_UP_CHOICES)}, got {catch_up!r}"
         )
     _check_int("ahead", ahead, 1, MAX_AHEAD)
+    if period is not None and period * ahead > MAX_DELAY:
+        # At least ``ahead`` ticks are installed: the last must be a due time
+        # every database can store.
+        raise ScheduleError(
+            f"every ({_human(period)}) times ahead ({ahead}) must be at most "
+            f"{MAX_DELAY.days} days (about 1,000 years): that many ticks are installed",
+            check_id="django_delayq.E014",
+        )
     grace_td = None
     if grace is not None:
         try:
-            grace_td = to_timedelta(grace)
-        except TypeError as exc:
-            raise ScheduleError(f"grace: {exc}") from None
+            grace_td = check_max_delay(to_timedelta(grace, "grace"), "grace", grace)
+        except (TypeError, ValueError) as exc:
+            raise ScheduleError(str(exc)) from None
         if grace_td <= timedelta(0):
             raise ScheduleError(f"grace must be positive, got {grace!r}")
     result = Schedule(
@@ -607,7 +619,7 @@ class Tick:
 
 def parse_key(key: str) -> tuple[str, str, datetime] | None:
     """``(name, config hash, tick time)`` of a tick key, or None for any other key."""
-    match = KEY_RE.match(key)
+    match = KEY_RE.fullmatch(key)
     if match is None:
         return None
     time = datetime.strptime(match["time"], TICK_FORMAT).replace(tzinfo=UTC)

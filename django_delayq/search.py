@@ -27,6 +27,7 @@ can answer (see the README); the results are the same.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -41,9 +42,10 @@ from django.db.models.functions import Collate
 from django_delayq.models import Message
 from django_delayq.store.features import features
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
-_INT = re.compile(r"^-?\d+$")
-_FLOAT = re.compile(r"^-?\d+\.\d+(?:[eE][-+]?\d+)?$|^-?\d+[eE][-+]?\d+$")
+# Matched whole (``fullmatch``): ``$`` would also match before a final newline.
+_SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
+_INT = re.compile(r"-?[0-9]+")
+_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+(?:[eE][-+]?[0-9]+)?|-?[0-9]+[eE][-+]?[0-9]+")
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
 # JSON numbers beyond 64 bits are not portable between the backends: strings only.
 _INT_LIMIT = 2**63 - 1
@@ -80,9 +82,11 @@ class ParsedSearch:
 
 def parse_value(raw: str) -> tuple[Any, ...]:
     """The JSON values an unquoted ``raw`` matches: typed first, then its string form."""
-    if _INT.match(raw) and abs(int(raw)) <= _INT_LIMIT:
+    # At most 20 characters: the limit has 19 digits, and int() refuses over 4,300.
+    if len(raw) <= 20 and _INT.fullmatch(raw) and abs(int(raw)) <= _INT_LIMIT:
         return (int(raw), raw)
-    if _FLOAT.match(raw):
+    if _FLOAT.fullmatch(raw) and math.isfinite(float(raw)):
+        # 1e999 is no JSON number (float("1e999") is inf): its string form only.
         return (float(raw), raw)
     if raw in _LITERALS:
         return (_LITERALS[raw], raw)
@@ -91,7 +95,7 @@ def parse_value(raw: str) -> tuple[Any, ...]:
 
 def parse_path(raw: str) -> tuple[str, ...] | None:
     segments = tuple(raw.split("."))
-    if all(_SEGMENT.match(s) and "__" not in s for s in segments):
+    if all(_SEGMENT.fullmatch(s) and "__" not in s for s in segments):
         return segments
     return None
 
@@ -170,7 +174,9 @@ def word_condition(word: str, queue_field: str = "queue") -> Q:
         | Q(**{f"{queue_field}__icontains": word})
         | Q(last_error__icontains=word)
     )
-    if word.isdigit() and int(word) <= _PK_LIMIT:
+    # ASCII digits only: "²".isdigit() is True, but int("²") raises (and so
+    # does int() of more than 4,300 digits; the limit has 19).
+    if len(word) <= 19 and word.isascii() and word.isdigit() and int(word) <= _PK_LIMIT:
         condition |= Q(pk=int(word))
     return condition
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -48,6 +49,30 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def finishes_within(seconds: float, function: Callable[[], object]) -> object:
+    """``function()``'s result (or its exception), failing the test if it runs longer.
+
+    It runs in a daemon thread, so a regression that makes it loop forever
+    fails this test instead of hanging the suite (the thread is left behind).
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = function()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 class FakeClock:

@@ -37,6 +37,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from django_delayq import operations
+from django_delayq.conf import MAX_DELAY
 from django_delayq.models import PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.operations import OperationResult
 
@@ -52,24 +53,31 @@ SAMPLE_SIZE = 10
 # -- forms ----------------------------------------------------------------------------
 
 _DELAY = re.compile(
-    r"^\s*(?:(?P<d>\d+)\s*d)?\s*(?:(?P<h>\d+)\s*h)?\s*(?:(?P<m>\d+)\s*m(?:in)?)?"
-    r"\s*(?:(?P<s>\d+)\s*s?)?\s*$",
+    r"\s*(?:(?P<d>[0-9]+)\s*d)?\s*(?:(?P<h>[0-9]+)\s*h)?\s*(?:(?P<m>[0-9]+)\s*m(?:in)?)?"
+    r"\s*(?:(?P<s>[0-9]+)\s*s?)?\s*",
     re.IGNORECASE,
 )
 
 
 def parse_delay(text: str) -> timedelta:
     """``90`` or ``90s``, ``15m``, ``2h``, ``1d``, and sums like ``1h30m`` or ``1d 2h``."""
-    match = _DELAY.match(text or "")
+    match = _DELAY.fullmatch(text or "")
     if not match or not any(match.groupdict().values()):
         raise ValueError(f"not a delay: {text!r} (try 90s, 15m, 2h, 1d or 1h30m)")
-    parts = {k: int(v) for k, v in match.groupdict().items() if v}
-    return timedelta(
-        days=parts.get("d", 0),
-        hours=parts.get("h", 0),
-        minutes=parts.get("m", 0),
-        seconds=parts.get("s", 0),
-    )
+    too_long = ValueError(f"the delay is over {MAX_DELAY.days} days (about 1,000 years)")
+    try:
+        parts = {k: int(v) for k, v in match.groupdict().items() if v}
+        delay = timedelta(
+            days=parts.get("d", 0),
+            hours=parts.get("h", 0),
+            minutes=parts.get("m", 0),
+            seconds=parts.get("s", 0),
+        )
+    except (OverflowError, ValueError):  # past timedelta's range, or over 4,300 digits
+        raise too_long from None
+    if delay > MAX_DELAY:
+        raise too_long
+    return delay
 
 
 class DelayField(forms.CharField):

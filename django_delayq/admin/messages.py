@@ -42,7 +42,7 @@ from django.utils.translation import gettext_lazy
 from django_delayq import clock, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
-from django_delayq.models import Message
+from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.payload import check_payload
 from django_delayq.registry import max_attempts_of, registry
 from django_delayq.store import changes, queries
@@ -304,11 +304,12 @@ class OverdueFilter(admin.SimpleListFilter):
         if value is None:
             return queryset
         try:
-            seconds = int(value)
-        except ValueError as exc:
+            clock.now() - timedelta(seconds=int(value))  # refused before the year 1
+            overdue = timedelta(seconds=int(value))
+        except (ValueError, OverflowError) as exc:  # not a number, or before the year 1
             raise IncorrectLookupParameters(exc) from exc
         # On the database's clock, like every due time.
-        return queryset.filter(due_condition(clock.sql_now_plus(-timedelta(seconds=seconds))))
+        return queryset.filter(due_condition(clock.sql_now_plus(-overdue)))
 
 
 class RedeliveredFilter(admin.SimpleListFilter):
@@ -341,6 +342,19 @@ class PrettyJSONField(forms.JSONField):
 
 
 class MessageForm(forms.ModelForm):
+    # Bounded here, not only by the database: SQLite checks no integer range,
+    # and a value past the column's range must be a form error, not a 500.
+    priority = forms.IntegerField(
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        help_text=Message._meta.get_field("priority").help_text,
+    )
+    max_attempts = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_ATTEMPTS_LIMIT,
+        help_text=Message._meta.get_field("max_attempts").help_text,
+    )
     payload = PrettyJSONField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 16, "cols": 100, "class": "vLargeTextField"}),
@@ -576,6 +590,14 @@ class MessageAdmin(admin.ModelAdmin):
         if active or request.GET.get("retrying") or request.GET.get("overdue"):
             columns += ("next_attempt", "priority")
         return columns
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        # PostgreSQL cannot take NUL in text, not even as a parameter to compare
+        # with: a filter or search holding one is refused like any bad lookup
+        # (Django redirects to the list with ?e=1).
+        if any("\x00" in value for _, values in request.GET.lists() for value in values):
+            raise IncorrectLookupParameters("a parameter contains NUL (\\x00)")
+        return super().get_changelist_instance(request)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Message], search_term: str

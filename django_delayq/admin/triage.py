@@ -48,6 +48,8 @@ TITLES = {
 
 def _queue_filter(request: HttpRequest) -> str | None:
     queue = request.GET.get("queue", "").strip()
+    if "\x00" in queue:  # no queue has one; PostgreSQL cannot even compare with it
+        raise Http404("no such queue")
     return queue[:QUEUE_MAX_LENGTH] or None
 
 
@@ -122,7 +124,7 @@ def group_action_view(
     request: HttpRequest, model_admin: ModelAdmin[Any], fingerprint: str, action: str
 ) -> HttpResponse:
     """Retry or cancel a whole group: GET confirms (with a dry run), POST acts; needs "change"."""
-    if action not in ACTIONS:
+    if action not in ACTIONS or "\x00" in fingerprint:  # no fingerprint holds NUL
         raise Http404
     if not model_admin.has_change_permission(request):
         raise PermissionDenied

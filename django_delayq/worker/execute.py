@@ -23,7 +23,7 @@ from typing import Protocol
 from django.db import InterfaceError, OperationalError, connections, transaction
 
 from django_delayq import signals
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
 from django_delayq.exceptions import (
     Discard,
     HandlerNotFound,
@@ -115,12 +115,14 @@ def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException) 
         policy = resolve_policy(queue_policy) if queue_policy else get_default_policy()
     try:
         delay = policy.next_delay(message.attempt_count, exc)
+        if delay is None:
+            return None
+        delta = to_timedelta(delay, "retry delay")
     except Exception:
         logger.exception("retry policy %r failed; retrying message %s in 60 s", policy, message.pk)
-        delay = timedelta(seconds=60)
-    if delay is None:
-        return None
-    return to_timedelta(delay)
+        delta = timedelta(seconds=60)
+    # Longer than any due time a database could store: cut to the longest.
+    return min(delta, MAX_DELAY)
 
 
 class AckSink(Protocol):

@@ -130,6 +130,13 @@ def test_reschedule_at_a_time_in_the_current_time_zone(admin_client, states):
         ({"delay": "5m", "run_at": "2031-05-04T10:30"}, "Give either a time"),
         ({"delay": "soon"}, "not a delay"),
         ({"run_at": "yesterday"}, "Enter a valid date/time."),
+        # Past timedelta's range (OverflowError), past MAX_DELAY, past any due time.
+        ({"delay": "99999999999d"}, "is over 365000 days"),
+        ({"delay": "99999999999999999999999s"}, "is over 365000 days"),
+        ({"delay": "400000d"}, "is over 365000 days"),
+        ({"delay": "²"}, "not a delay"),
+        ({"run_at": "9999-12-31T23:59:59"}, "is out of range"),
+        ({"run_at": "0001-01-01T00:00:00"}, "is out of range"),
     ],
 )
 def test_reschedule_form_errors_are_shown_and_nothing_changes(admin_client, states, data, error):
@@ -158,6 +165,23 @@ def test_reprioritise_out_of_range_is_a_form_error(admin_client, states):
     )
     assert response.status_code == 200
     assert "less than or equal to 32767" in response.content.decode()
+    response = admin_client.post(
+        CHANGELIST,
+        confirm_data("reprioritise", ids(states, "pending_due"), priority="99999999999999999999"),
+    )
+    assert response.status_code == 200
+    assert "less than or equal to 32767" in response.content.decode()
+
+
+def test_change_page_reschedule_with_a_delay_out_of_range_is_a_form_error(admin_client, states):
+    pk = states["pending_due"].pk
+    before = states["pending_due"].next_attempt_time
+    response = admin_client.post(
+        operation_url(pk, "reschedule"), {"post": "yes", "delay": "99999999999d"}
+    )
+    assert response.status_code == 200
+    assert "is over 365000 days" in response.content.decode()
+    assert Message.objects.get(pk=pk).next_attempt_time == before
 
 
 def test_delete_spares_running_messages(admin_client, states):

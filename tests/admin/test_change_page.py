@@ -167,3 +167,22 @@ def test_payload_edits_are_validated(admin_client, states, payload, error):
     assert response.status_code == 200
     assert error in response.content.decode()
     assert Message.objects.get(pk=message.pk).payload == {}
+
+
+@pytest.mark.parametrize(
+    ("changes", "error"),
+    [
+        ({"max_attempts": "1000001"}, "less than or equal to 1000000"),
+        ({"max_attempts": "99999999999999999999"}, "less than or equal to 1000000"),
+        ({"max_attempts": "0"}, "greater than or equal to 1"),
+        ({"priority": "40000"}, "less than or equal to 32767"),
+        ({"priority": "99999999999999999999"}, "less than or equal to 32767"),
+    ],
+)
+def test_number_edits_out_of_range_are_form_errors(admin_client, states, changes, error):
+    message = states["pending_due"]
+    response = admin_client.post(change_url(message.pk), form_data(message, **changes))
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    after = Message.objects.get(pk=message.pk)
+    assert (after.max_attempts, after.priority) == (message.max_attempts, message.priority)

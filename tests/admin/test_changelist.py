@@ -112,6 +112,25 @@ def test_a_bad_filter_value_is_refused(admin_client):
     assert response.status_code == 302 and "e=1" in response["Location"]
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "overdue=99999999999",  # now - that many seconds: before the year 1
+        "overdue=99999999999999999999999",  # no timedelta holds it
+        "overdue=%C2%B2",
+        # PostgreSQL's text cannot hold NUL, not even as a parameter.
+        "queue=a%00b",
+        "kind=a%00b",
+        "status__exact=a%00b",
+        "q=a%00b",
+    ],
+)
+def test_a_filter_value_no_column_can_hold_is_refused(admin_client, query):
+    MessageFactory()
+    response = admin_client.get(f"{CHANGELIST}?{query}")
+    assert response.status_code == 302 and "e=1" in response["Location"]
+
+
 def test_queue_and_kind_choices_come_from_the_table_and_the_handlers(admin_client):
     MessageFactory(queue="zeta", kind="k.one")
     MessageFactory(queue="alpha", kind="k.two")

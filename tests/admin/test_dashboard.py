@@ -164,6 +164,14 @@ def test_pausing_twice_or_a_bad_action_is_reported(operator):
     assert "queue name must not be empty" in response.content.decode().lower()
 
 
+def test_a_pause_reason_with_nul_is_refused_with_a_message(operator):
+    data = {"queue": "default", "action": "pause", "reason": "provider\x00down"}
+    response = operator.post(QUEUE_STATE, data, follow=True)
+    assert response.status_code == 200
+    assert "reason contains a nul character" in response.content.decode().lower()
+    assert not QueueState.objects.filter(paused=True).exists()
+
+
 def test_view_permission_sees_the_dashboard_but_cannot_pause(viewer):
     assert viewer.get(DASHBOARD).status_code == 200
     response = viewer.post(QUEUE_STATE, {"queue": "default", "action": "pause"})

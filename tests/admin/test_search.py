@@ -8,6 +8,7 @@ from django.db import connection
 from django_delayq import search
 from django_delayq.models import Message
 from tests.admin.message_pages import CHANGELIST, listed, notes
+from tests.admin.staff import staff_client
 from tests.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -85,6 +86,29 @@ def test_words_match_key_prefix_kind_queue_error_and_id(admin_client):
     assert found(admin_client, "WebHooks") == pks(queued)  # binary on MariaDB/MySQL too
     assert found(admin_client, '"connection refused"') == pks(errored)
     assert keyed.pk in found(admin_client, str(keyed.pk))
+
+
+def test_words_of_digits_that_are_not_ids_are_searched_as_words():
+    # "²".isdigit() is True but int("²") raises; ids beyond the bigint range
+    # must not reach the database as numbers either.
+    client = staff_client("searcher", "view_message")[0]
+    squared = MessageFactory(key="area-x", kind="m²")
+    huge = MessageFactory(key="99999999999999999999-batch", kind="big")
+    MessageFactory(key="other", kind="plain")
+    assert found(client, "²") == pks(squared)
+    assert found(client, "99999999999999999999") == pks(huge)
+    assert found(client, "-99999999999999999999") == set()
+    assert found(client, "9223372036854775808") == set()
+    assert found(client, "9" * 5000) == set()  # int() refuses over 4,300 digits
+
+
+def test_a_payload_number_no_float_holds_matches_its_string_form():
+    client = staff_client("searcher", "view_message")[0]
+    text = MessageFactory(payload={"x": "1e999"})
+    MessageFactory(payload={"x": 1})
+    assert found(client, "x=1e999") == pks(text)
+    assert found(client, "x=-1e999") == set()
+    assert found(client, "x=" + "9" * 5000) == set()
 
 
 def test_words_and_payload_terms_combine(admin_client):

@@ -325,3 +325,13 @@ def test_failed_message_change_page_links_to_edit_payload(groups, operator, view
 def test_retry_group_reports_nothing_skipped_when_all_were_retried(groups):
     result = triage.retry_group(fingerprint(PAYMENT.format(0, 0)))
     assert (result.changed, result.skipped) == (3, {})
+
+
+def test_failure_pages_for_a_fingerprint_or_queue_with_nul_are_not_found(groups, operator):
+    # Only a hand-made URL holds one; PostgreSQL cannot even compare with it.
+    fp = fingerprint(PAYMENT.format(1, 2))
+    assert operator.get(f"{FAILURES}?queue=a%00b").status_code == 404
+    assert operator.get(FAILURES.rstrip("/") + f"/{fp}%00/retry/").status_code == 404
+    assert operator.post(FAILURES.rstrip("/") + f"/{fp}%00/retry/").status_code == 404
+    assert operator.get(group_url(fp, "retry") + "?queue=a%00b").status_code == 404
+    assert operator.get(group_url(fp, "retry")).status_code == 200

@@ -3,6 +3,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_delayq import enqueue
@@ -56,3 +57,12 @@ def test_prune_command_deletes_old_finished_messages():
     assert "deleted 0" in run("delayq_prune")
     assert "deleted 1" in run("delayq_prune", "--older-than", "3600")
     assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("older_than", "words"),
+    [("1e12", "older_than must be at most 365000 days"), ("1e300", "seconds is out of range")],
+)
+def test_prune_command_refuses_a_retention_out_of_range(older_than, words):
+    with pytest.raises(CommandError, match=words):
+        run("delayq_prune", "--older-than", older_than)

@@ -1,6 +1,6 @@
 """Producing: outcomes, transactions, validation, batching."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -8,9 +8,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_delayq import Outcome, enqueue, enqueue_many
+from django_delayq.conf import MAX_DELAY
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
 from django_delayq.store import changes
+from tests.conftest import finishes_within
 from tests.factories import MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -209,9 +211,19 @@ def _bad(**kwargs):
         (_bad(queue=""), ValueError, "queue name must not be empty"),
         (_bad(queue="q" * 101), ValueError, "over 100"),
         (_bad(queue="has space"), ValueError, "may only hold"),
+        (_bad(queue="emails\n"), ValueError, "may only hold"),
+        (_bad(kind="sign\x00up"), ValueError, r"kind contains a NUL character \(\\x00\)"),
+        (_bad(kind=5), TypeError, "kind must be a str"),
         (_bad(run_at=datetime(2030, 1, 1)), ValueError, "naive datetime"),
         (_bad(run_at=timezone.now(), delay=5), ValueError, "not both"),
         (_bad(delay=-1), ValueError, "must not be negative"),
+        (_bad(delay=10**12), ValueError, "delay must be at most 365000 days"),
+        (_bad(delay=timedelta.max), ValueError, "delay must be at most 365000 days"),
+        (_bad(delay=10**15), ValueError, "delay: 1000000000000000 seconds is out of range"),
+        (_bad(delay=float("inf")), ValueError, "delay: inf seconds is out of range"),
+        (_bad(delay=float("nan")), ValueError, "delay: nan seconds is out of range"),
+        (_bad(run_at=datetime.max.replace(tzinfo=UTC)), ValueError, "run_at .* is out of range"),
+        (_bad(run_at=datetime.min.replace(tzinfo=UTC)), ValueError, "run_at .* is out of range"),
         (_bad(delay="soon"), TypeError, "timedelta or a number"),
         (_bad(priority=40000), ValueError, "out of range"),
         (_bad(priority=1.5), TypeError, "priority must be an int"),
@@ -220,6 +232,8 @@ def _bad(**kwargs):
         (_bad(payload={"s": {1, 2}}), TypeError, r"payload\['s'\] is of type set"),
         (_bad(payload={"s": "nul\x00"}), ValueError, "NUL"),
         (_bad(max_attempts=0), ValueError, "max_attempts"),
+        (_bad(max_attempts=1_000_001), ValueError, "max_attempts must be an integer from 1 to"),
+        (_bad(max_attempts=2**31), ValueError, "max_attempts must be an integer from 1 to"),
     ],
 )
 def test_bad_input_raises_early_and_writes_nothing(kwargs, error, match):
@@ -228,9 +242,27 @@ def test_bad_input_raises_early_and_writes_nothing(kwargs, error, match):
     assert not Message.objects.exists()
 
 
+def test_the_farthest_due_times_accepted_are_stored_and_read_back(fake_clock):
+    latest = datetime(9998, 12, 31, 23, 59, 59, tzinfo=UTC)
+    earliest = datetime(1000, 1, 2, tzinfo=UTC)
+    enqueue("default", {}, key="latest", run_at=latest)
+    enqueue("default", {}, key="earliest", run_at=earliest)
+    enqueue("default", {}, key="far", delay=MAX_DELAY)
+    due = dict(Message.objects.values_list("key", "next_attempt_time"))
+    assert due == {"latest": latest, "earliest": earliest, "far": fake_clock() + MAX_DELAY}
+
+
 def test_bad_message_in_a_batch_names_its_index_and_writes_nothing():
     with pytest.raises(TypeError, match=r"message 2: payload\['x'\]"):
         enqueue_many("default", [{}, {}, {"x": object()}])
+    assert not Message.objects.exists()
+
+
+def test_a_payload_that_contains_itself_is_refused_promptly_and_writes_nothing():
+    payload: dict = {"to": "a@example.com"}
+    payload["self"] = payload
+    with pytest.raises(ValueError, match=r"payload\['self'\] refers to payload, which contains"):
+        finishes_within(10, lambda: enqueue("default", payload))
     assert not Message.objects.exists()
 
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.checks import check_database
 from django_delayq.models import Message
-from django_delayq.store import server
+from django_delayq.store import server, write
 from django_delayq.store.changes import claim
 from tests.conftest import wait_for
 
@@ -203,3 +203,55 @@ def test_the_spark_pipeline_refuses_mysql_before_starting_spark(tmp_path):
 
     with pytest.raises(CommandError, match="supports PostgreSQL and SQLite, not mysql"):
         call_command("delayq_pipeline", "archive", "--dest", str(tmp_path))
+
+
+@needs_mysql
+@pytest.mark.django_db
+def test_the_share_locked_read_runs_under_repeatable_read(monkeypatch):
+    enqueue("default", {"n": 1}, key="k1")
+    enqueue("default", {"n": 2}, key="k2")
+    monkeypatch.setattr(connection, "isolation_level", "repeatable read", raising=False)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        rows = write._read(connection, "default", ["k1", "k2", "k3"], lock=True)
+    assert sorted((m.key, m.payload) for m in rows) == [("k1", {"n": 1}), ("k2", {"n": 2})]
+    assert any(q["sql"].endswith("LOCK IN SHARE MODE") for q in queries)
+
+
+@pytest.fixture
+def other_backend_alias():
+    """A second alias whose backend is not the default's (MariaDB's, or SQLite's on MariaDB).
+
+    It never connects: the test below only compiles SQL for it.
+    """
+    alias = "delayq_other_backend"
+    if connection.vendor == "mysql":
+        settings = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    else:
+        pytest.importorskip("MySQLdb")
+        settings = {"ENGINE": "django.db.backends.mysql", "NAME": "unused", "HOST": "invalid."}
+    configured = connections.configure_settings({**connections.settings, alias: settings})
+    connections.settings[alias] = configured[alias]
+    try:
+        yield connections[alias]
+    finally:
+        del connections[alias]
+        del connections.settings[alias]
+
+
+def test_the_share_locked_read_is_compiled_for_its_own_alias(other_backend_alias, monkeypatch):
+    """``_read`` under REPEATABLE READ writes its SELECT itself: in the SQL of the
+    connection it runs on (MariaDB's backticks), not in the default alias's."""
+    captured = []
+
+    def raw(sql, params, using):
+        captured.append((sql, list(params), using))
+        return []
+
+    monkeypatch.setattr(Message.objects, "raw", raw)
+    other = other_backend_alias
+    assert write._read(other, "emails", ["k1", "k2"], lock=True) == []
+    [(sql, params, using)] = captured
+    assert using == other.alias and sql.endswith(" LOCK IN SHARE MODE")
+    assert other.ops.quote_name("key") in sql
+    assert connection.ops.quote_name("key") not in sql
+    assert sorted(params) == ["emails", "k1", "k2"]

@@ -385,6 +385,8 @@ def test_checks_name_bad_backend_configuration():
     assert "'not a queue'" in text and "'RETRIES'" in text and "MAX_ATTEMPTS" in text
     assert [e.id for e in DelayQBackend("empty", {"QUEUES": []}).check()] == ["django_delayq.E041"]
     assert task_backends["default"].check() == []
+    too_many = DelayQBackend("many", {"QUEUES": ["ok"], "OPTIONS": {"MAX_ATTEMPTS": 1_000_001}})
+    assert [e.id for e in too_many.check()] == ["django_delayq.E042"]
 
 
 def test_manage_py_check_fails_on_a_bad_tasks_setting():

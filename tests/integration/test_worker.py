@@ -6,8 +6,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_delayq import clock, enqueue, enqueue_many
+from django_delayq import clock, enqueue, enqueue_many, handler
+from django_delayq.conf import MAX_DELAY
 from django_delayq.models import Message
+from django_delayq.registry import registry
+from django_delayq.retry import FixedDelay
 from django_delayq.store import changes
 from django_delayq.worker.execute import Result, execute
 from tests.testapp.models import Effect, Execution
@@ -129,6 +132,32 @@ def test_retry_snoozes_without_spending_an_attempt(run_worker, fake_clock):
     fake_clock.advance(30)
     run_worker(["other"])
     assert Message.objects.get(pk=message.pk).status == "succeeded"
+
+
+def test_a_retry_delay_no_database_could_store_fails_the_attempt(run_worker):
+    message = enqueue("default", {"retry_in": 10**12}).message
+    stats = run_worker(["default"])
+    message.refresh_from_db()
+    assert stats[Result.RETRYING] == 1
+    assert (message.status, message.attempt_count) == ("pending", 1)
+    assert message.last_error.startswith("ValueError: Retry delay must be at most 365000 days")
+    assert message.lock_token is None
+
+
+def test_a_retry_policy_delay_past_max_delay_is_cut_to_it(run_worker, fake_clock):
+    @handler("far-retries", retry=FixedDelay(delay=10**12))
+    def always_fails(message):
+        raise RuntimeError("boom")
+
+    try:
+        message = enqueue("far-retries", {}).message
+        stats = run_worker(["far-retries"])
+    finally:
+        registry.unregister("far-retries")
+    message.refresh_from_db()
+    assert stats[Result.RETRYING] == 1
+    assert (message.status, message.attempt_count) == ("pending", 1)
+    assert message.next_attempt_time == fake_clock() + MAX_DELAY
 
 
 def test_discard_fails_at_once(run_worker):

@@ -80,6 +80,19 @@ def test_negative_older_than(tmp_path: Path) -> None:
     assert message == "--older-than must not be negative, got -5"
 
 
+@pytest.mark.parametrize("seconds", ["1e12", "inf", "nan"])
+def test_older_than_beyond_max_delay(tmp_path: Path, seconds: str) -> None:
+    message = refused("archive", "--dest", str(tmp_path), "--older-than", seconds)
+    assert message.startswith("--older-than must be at most 365000 days (31536000000 s), got ")
+
+
+@pytest.mark.parametrize("seconds", ["1e12", "inf"])
+def test_delay_beyond_max_delay(csv_source: Path, seconds: str) -> None:
+    message = refused("enqueue", str(csv_source), "--queue", "q", "--delay", seconds)
+    assert message.startswith("--delay must be at most 365000 days (31536000000 s), got ")
+    assert not Message.objects.exists()
+
+
 def test_dest_not_writable(tmp_path: Path) -> None:
     finished("q", "done")
     (tmp_path / "a-file").write_text("")

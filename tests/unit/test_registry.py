@@ -25,10 +25,20 @@ def test_unknown_queue_is_not_found():
 def test_handler_options_are_validated_at_decoration():
     with pytest.raises(ValueError, match="max_attempts"):
         handler("q1", max_attempts=0)
+    with pytest.raises(ValueError, match="max_attempts must be an integer from 1 to 1000000"):
+        handler("q1", max_attempts=1_000_001)
     with pytest.raises(ValueError, match="lease"):
         handler("q1", lease=-1)
+    with pytest.raises(ValueError, match="lease must be at most 365000 days"):
+        handler("q1", lease=10**12)
+    with pytest.raises(ValueError, match="time_limit: inf seconds is out of range"):
+        handler("q1", time_limit=float("inf"))
     with pytest.raises(ValueError, match="queue name must not be empty"):
         handler("")
+    with pytest.raises(ValueError, match="may only hold"):
+        handler("emails\n")
+    with pytest.raises(ValueError, match="kind contains a NUL"):
+        handler("q1", kind="sign\x00up")
     with pytest.raises(TypeError, match="retry policy"):
         handler("q1", retry=object())
 

@@ -2,6 +2,8 @@ from datetime import timedelta
 
 import pytest
 
+from django_delayq.conf import MAX_DELAY
+from django_delayq.exceptions import Retry
 from django_delayq.retry import ExponentialBackoff, FixedDelay, NoRetry, resolve_policy
 
 
@@ -9,6 +11,14 @@ def test_backoff_grows_and_is_capped_without_jitter():
     policy = ExponentialBackoff(base=1, factor=2, cap=10, jitter=False)
     delays = [policy.next_delay(n, Exception()).total_seconds() for n in range(1, 7)]
     assert delays == [1, 2, 4, 8, 10, 10]
+
+
+def test_backoff_stays_capped_at_the_highest_attempt_numbers():
+    # factor ** attempt overflows a float past attempt 1,024 (factor 2);
+    # max_attempts goes up to MAX_ATTEMPTS_LIMIT.
+    policy = ExponentialBackoff(base=1, factor=2, cap=10, jitter=False)
+    assert policy.next_delay(1_025, Exception()) == timedelta(seconds=10)
+    assert policy.next_delay(1_000_000, Exception()) == timedelta(seconds=10)
 
 
 def test_jitter_keeps_delay_between_half_and_full():
@@ -47,3 +57,19 @@ def test_backoff_rejects_bad_parameters():
         ExponentialBackoff(base=0)
     with pytest.raises(ValueError):
         ExponentialBackoff(factor=0.5)
+
+
+@pytest.mark.parametrize(
+    ("delay", "words"),
+    [
+        (10**12, "Retry delay must be at most 365000 days"),
+        (timedelta.max, "Retry delay must be at most 365000 days"),
+        (10**15, "Retry delay: 1000000000000000 seconds is out of range"),
+        (float("inf"), "Retry delay: inf seconds is out of range"),
+        (-1, "Retry delay must not be negative"),
+    ],
+)
+def test_retry_refuses_a_delay_no_database_could_store(delay, words):
+    with pytest.raises(ValueError, match=words):
+        Retry(delay=delay)
+    assert Retry(delay=MAX_DELAY).delay == MAX_DELAY

@@ -93,14 +93,20 @@ def test_cron_timezone_defaults_to_the_project_time_zone():
         ({"every": 0, "queue": "q"}, "E014", "positive"),
         ({"every": timedelta(seconds=-5), "queue": "q"}, "E014", "positive"),
         ({"every": 1.5, "queue": "q"}, "E014", "whole number of seconds"),
+        ({"every": 10**12, "queue": "q"}, "E014", "every must be at most 365000 days"),
+        ({"every": 10**15, "queue": "q"}, "E014", "out of range"),
+        ({"every": 10**10, "queue": "q", "ahead": 10}, "E014", "times ahead (10)"),
+        ({"every": 30, "queue": "q", "grace": 10**15}, "E010", "grace: 1000000000000000 seconds"),
         ({"every": "30", "queue": "q"}, "E014", "timedelta"),
         ({"every": 30}, "E010", "queue is required"),
         ({"every": 30, "queue": "bad queue"}, "E010", "queue name"),
+        ({"every": 30, "queue": "q", "kind": "a\x00b"}, "E010", "kind contains a NUL"),
         ({"every": 30, "queue": "q", "catch_up": "all"}, "E010", "catch_up"),
         ({"every": 30, "queue": "q", "ahead": 0}, "E010", "ahead"),
         ({"every": 30, "queue": "q", "grace": 0}, "E010", "grace"),
         ({"every": 30, "queue": "q", "priority": 40000}, "E010", "priority"),
         ({"every": 30, "queue": "q", "max_attempts": 0}, "E010", "max_attempts"),
+        ({"every": 30, "queue": "q", "max_attempts": 1_000_001}, "E010", "[1, 1000000]"),
         ({"every": 30, "queue": "q", "payload": {"x": {1, 2}}}, "E010", "set"),
         ({"every": 30, "queue": "q", "evrey": 5}, "E010", "'evrey'"),
         ("every 30", "E010", "dict of options"),
@@ -113,7 +119,7 @@ def test_bad_schedules_raise_with_their_check_id(options, check_id, words):
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["", "a:b", "with space", "-x", "x" * 101, 5])
+@pytest.mark.parametrize("name", ["", "a:b", "with space", "-x", "x" * 101, 5, "nightly\n"])
 def test_names_that_would_break_key_prefixes_are_refused(name):
     with pytest.raises(ScheduleError, match="schedule name"):
         parse_schedule(name, {"every": 30, "queue": "q"})
@@ -175,7 +181,13 @@ def test_tick_keys_embed_name_hash_and_utc_time_and_parse_back():
 
 @pytest.mark.parametrize(
     "key",
-    ["welcome-42", "cron:x", "cron:x:zzzzzzzzzz:2026-03-29T01:00:00Z", "cron:x:0123456789:soon"],
+    [
+        "welcome-42",
+        "cron:x",
+        "cron:x:zzzzzzzzzz:2026-03-29T01:00:00Z",
+        "cron:x:0123456789:soon",
+        "cron:x:0123456789:2026-03-29T01:00:00Z\n",
+    ],
 )
 def test_other_keys_are_not_ticks(key):
     assert parse_key(key) is None

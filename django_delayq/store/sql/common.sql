@@ -33,3 +33,10 @@ WITH RECURSIVE v(x) AS (
     FROM v WHERE v.x IS NOT NULL
 )
 SELECT x FROM v WHERE x IS NOT NULL LIMIT %s
+
+-- name: read_shared
+-- Read rows with a shared lock (under REPEATABLE READ, only a locking read sees
+-- rows committed since the snapshot). {select} is Django's SELECT, compiled
+-- for the connection it runs on. Only databases without RETURNING use it
+-- (MariaDB/MySQL, whose syntax this is).
+{select} LOCK IN SHARE MODE

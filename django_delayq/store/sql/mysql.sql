@@ -18,11 +18,6 @@ u.k
 -- name: json_rows_payload
 u.p
 
--- name: read_shared
--- Read rows with a shared lock (REPEATABLE READ sees rows committed since
--- its snapshot only through a locking read). {select} is Django's SELECT.
-{select} LOCK IN SHARE MODE
-
 -- name: column_collations
 -- The collation of the queue table's queue and key columns.
 SELECT column_name, collation_name FROM information_schema.columns
