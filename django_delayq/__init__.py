@@ -22,6 +22,7 @@ __all__ = [
 from django_delayq.exceptions import Discard, Retry
 
 if TYPE_CHECKING:
+    from django_delayq.cron.spec import schedule, tick_of
     from django_delayq.enqueuing import (
         EnqueueResult,
         Outcome,
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
         enqueue_many,
     )
     from django_delayq.registry import handler
-    from django_delayq.scheduling import schedule, tick_of
 
 
 def __getattr__(name: str) -> Any:
@@ -47,7 +47,7 @@ def __getattr__(name: str) -> Any:
 
         return handler
     if name in ("schedule", "tick_of"):
-        from django_delayq import scheduling
+        from django_delayq.cron import spec
 
-        return getattr(scheduling, name)
+        return getattr(spec, name)
     raise AttributeError(f"module 'django_delayq' has no attribute {name!r}")

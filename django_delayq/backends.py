@@ -40,7 +40,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 from django.utils.module_loading import import_string
 
-from django_delayq.exceptions import Retry
+from django_delayq.exceptions import DelayQError, Retry
 from django_delayq.models import Message
 from django_delayq.payload import encode_payload
 from django_delayq.registry import (
@@ -127,11 +127,11 @@ _STATUS = {
 }
 
 
-class TaskCancelled(Exception):
+class TaskCancelled(DelayQError):
     """The error of a task whose message an operator cancelled before it finished."""
 
 
-class TaskLost(Exception):
+class TaskLost(DelayQError):
     """The error of a task whose last attempt ended without returning or raising.
 
     Its worker died or lost the message's lease, and no attempt was left

@@ -169,9 +169,9 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
     """
     from django.conf import settings
 
+    from django_delayq.cron.spec import get_schedules, schedule_problems
     from django_delayq.exceptions import HandlerNotFound
     from django_delayq.registry import registry
-    from django_delayq.scheduling import get_schedules, schedule_problems
 
     if not isinstance(getattr(settings, "DELAYQ", {}), dict):
         return []  # E001 already says so

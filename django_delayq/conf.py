@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "TIME_LIMIT": None,
     # Per-queue overrides of LEASE, MAX_ATTEMPTS, RETRY_POLICY, CONCURRENCY, TIME_LIMIT.
     "QUEUES": {},
-    # Recurring messages, by name (see ``scheduling.py``): {"cron": ...} or
+    # Recurring messages, by name (see ``cron/spec.py``): {"cron": ...} or
     # {"every": ...} plus queue, payload, timezone, catch_up, ...
     "SCHEDULES": {},
     # How often each worker installs the next ticks of every schedule; it

@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 
-class Retry(Exception):
+class DelayQError(Exception):
+    """Base class of every exception the library raises (or that handlers raise to steer it)."""
+
+
+class HandlerOutcome(DelayQError):
+    """Raised by a handler to decide its message's outcome; not an error of the handler."""
+
+
+class Retry(HandlerOutcome):
     """Raised by a handler to run the message again later ("snooze").
 
     A snooze is not a failure: it records no error, and it does not use up one
@@ -24,7 +32,7 @@ class Retry(Exception):
         super().__init__(reason or f"retry in {self.delay}")
 
 
-class Discard(Exception):
+class Discard(HandlerOutcome):
     """Raised by a handler to give up on a message at once, without retries.
 
     The message is marked ``failed`` with the reason as its error, so it stays
@@ -34,10 +42,6 @@ class Discard(Exception):
     def __init__(self, reason: str = "") -> None:
         self.reason = reason
         super().__init__(reason)
-
-
-class DelayQError(Exception):
-    """Base class of the library's own errors."""
 
 
 class DuplicateMessage(DelayQError, ValueError):

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import router, transaction
 
 from django_delayq import operations
+from django_delayq.exceptions import DelayQError
 from django_delayq.fingerprint import normalise, normalise_message, split_error
 from django_delayq.models import Message
 from django_delayq.payload import check_payload
@@ -170,7 +171,7 @@ def cancel_group(
     return operations.cancel(group, dry_run=dry_run)
 
 
-class PayloadError(ValueError):
+class PayloadError(DelayQError, ValueError):
     """The edited payload is not valid JSON or not a payload the queue accepts."""
 
 

@@ -1,6 +1,6 @@
 """The admin's schedules page: every cron schedule, its next runs and its last run.
 
-The data comes from :func:`django_delayq.scheduling.schedule_overview`; this
+The data comes from :func:`django_delayq.cron.install.schedule_overview`; this
 module only checks the permission and renders
 ``admin/django_delayq/schedules.html``. Registered under the message
 changelist through the ``EXTRA_URLS`` hook when ``django_delayq.admin``
@@ -21,7 +21,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 
 from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
-from django_delayq.scheduling import schedule_overview
+from django_delayq.cron.install import schedule_overview
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

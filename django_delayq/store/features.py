@@ -54,6 +54,10 @@ class Features:
     binary_text: bool
     #: The Spark pipeline can write and read this database.
     pipeline: bool
+    #: Successes committed in batches and atomic handlers in group transactions
+    #: (``ACK_DELAY``): worth it where a commit waits for the write-ahead log,
+    #: and safe where the lease keeper can skip the rows an open group locks.
+    group_commits: bool
 
 
 @cache
@@ -76,6 +80,7 @@ def _features(vendor: str, sqlite_version: tuple[int, ...]) -> Features:
         row_estimate="pg_class" if postgres else "information_schema" if mysql else None,
         binary_text=mysql,
         pipeline=postgres or sqlite,
+        group_commits=postgres,
     )
 
 

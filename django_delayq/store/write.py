@@ -32,6 +32,7 @@ from django.db.models.base import ModelState
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
+from django_delayq.exceptions import DelayQError
 from django_delayq.models import KEY_MAX_LENGTH, Message
 from django_delayq.status import FINISHED, Status
 from django_delayq.store.features import Features, features
@@ -418,7 +419,7 @@ def _chunks(
 # -- MariaDB/MySQL: no RETURNING ------------------------------------------------------
 
 
-class _Raced(Exception):
+class _Raced(DelayQError):
     """A concurrent producer committed one of our new keys: read again."""
 
     def __init__(self, existing: int) -> None:

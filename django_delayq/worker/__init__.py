@@ -35,6 +35,7 @@ from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.store import changes
+from django_delayq.store.features import features
 from django_delayq.worker.acks import AckBuffer
 from django_delayq.worker.claimer import Claimer
 from django_delayq.worker.inflight import Book, InFlight, Lane
@@ -208,7 +209,7 @@ class Worker:
             self.using, self.queues, listen=config["NOTIFY"] and not self.burst
         )
         acks = None
-        if config["ACK_DELAY"] is not None and connections[self.using].vendor == "postgresql":
+        if config["ACK_DELAY"] is not None and features(connections[self.using]).group_commits:
             acks = AckBuffer(
                 self.using,
                 max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),

@@ -25,6 +25,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django_delayq import signals
 from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
 from django_delayq.exceptions import (
+    DelayQError,
     Discard,
     HandlerNotFound,
     MessageAbandoned,
@@ -57,7 +58,7 @@ class Result(enum.StrEnum):
     UNRECORDED = "unrecorded"
 
 
-class _LeaseLost(Exception):
+class _LeaseLost(DelayQError):
     """The ack found the message claimed by someone else: undo the handler's writes."""
 
 

@@ -10,7 +10,7 @@ next turn.
   ``PRUNE_CATCH_UP`` rather than a whole interval, so pruning keeps pace with
   any steady rate of messages while no single round blocks claiming for long.
 * Every worker installs the next ticks of every cron schedule every
-  ``CRON_INSTALL_INTERVAL``; duplicates are impossible (``scheduling.py``).
+  ``CRON_INSTALL_INTERVAL``; duplicates are impossible (``cron/install.py``).
 * Every ``HEARTBEAT_INTERVAL``, the running messages of workers whose
   heartbeat stopped are handed back (``liveness.release_dead``), so they are
   redelivered within seconds rather than at the end of their leases.
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from django.db import DatabaseError, connections
 
-from django_delayq import liveness, retention, scheduling
+from django_delayq import liveness, retention
 from django_delayq.conf import get_config, to_timedelta
+from django_delayq.cron import install
 from django_delayq.worker.inflight import Book
 
 logger = logging.getLogger("django_delayq.worker")
@@ -102,7 +103,7 @@ class Maintenance:
         return None
 
     def install_schedules(self) -> None:
-        scheduling.install_schedules(using=self.using)
+        install.install_schedules(using=self.using)
 
     def release_dead(self) -> None:
         released = sum(liveness.release_dead(self.name, using=self.using).values())

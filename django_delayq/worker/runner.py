@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import connections, reset_queries, transaction
 from django.db.models import Model
 
-from django_delayq.exceptions import HandlerNotFound
+from django_delayq.exceptions import DelayQError, HandlerNotFound
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import registry
@@ -55,7 +55,7 @@ def is_atomic(row: Any) -> bool:
         return False
 
 
-class _GroupLost(Exception):
+class _GroupLost(DelayQError):
     """An attempt of a group of atomic handlers is no longer this worker's."""
 
     def __init__(self, lost: set[InFlight]) -> None:

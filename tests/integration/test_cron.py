@@ -13,16 +13,12 @@ from django.core.management.base import CommandError, SystemCheckError
 from django.db import DatabaseError, connection
 from django.test import override_settings
 
-from django_delayq import enqueue, scheduling
+from django_delayq import enqueue
 from django_delayq.checks import check_schedules, check_settings
+from django_delayq.cron import install
+from django_delayq.cron.install import install_schedules, uninstall_schedules
+from django_delayq.cron.spec import get_schedules, parse_key, tick_of
 from django_delayq.models import Message
-from django_delayq.scheduling import (
-    get_schedules,
-    install_schedules,
-    parse_key,
-    tick_of,
-    uninstall_schedules,
-)
 from tests.testapp.models import Execution
 
 BASE = {"POLL_INTERVAL": 1, "RETRY_POLICY": "django_delayq.retry.FixedDelay"}
@@ -294,7 +290,7 @@ def test_a_failing_install_never_stops_the_worker(settings, monkeypatch, run_wor
     def broken(**kwargs):
         raise error
 
-    monkeypatch.setattr(scheduling, "install_schedules", broken)
+    monkeypatch.setattr(install, "install_schedules", broken)
     message = enqueue("default", {}).message
     run_worker(["default"])
     assert Message.objects.get(pk=message.pk).status == "succeeded"

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
+from django_delayq.cron.spec import parse_key
 from django_delayq.models import Message
-from django_delayq.scheduling import parse_key
 from tests.conftest import wait_for
 from tests.testapp.models import Execution
 

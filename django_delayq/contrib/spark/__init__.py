@@ -18,11 +18,14 @@ Layout:
 
 from __future__ import annotations
 
+from django_delayq.exceptions import DelayQError
+
 INSTALL_HINT = 'pip install "django-delayq[spark]"'
 
 
-class PipelineError(Exception):
-    """Bad input or a missing prerequisite, found before anything was written.
+class PipelineError(DelayQError):
+    """Bad input or a missing prerequisite, found before anything was written (or a run
+    that lost its archive lock, stopped before its next step).
 
     ``manage.py delayq_pipeline`` turns it into a one-line error and exit
     status 2.

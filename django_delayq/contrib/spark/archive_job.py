@@ -48,6 +48,7 @@ from django_delayq import clock
 from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
 from django_delayq.contrib.spark import PipelineError, database, dbapi, jdbc
 from django_delayq.contrib.spark.storage import Storage
+from django_delayq.exceptions import DelayQError
 from django_delayq.models import Message
 from django_delayq.registry import validate_queue_name
 
@@ -64,7 +65,7 @@ StageHook = Callable[[str], None]
 LockCheck = Callable[[str], None]
 
 
-class ArchiveError(Exception):
+class ArchiveError(DelayQError):
     """The archive could not be verified or published; nothing was deleted."""
 
 

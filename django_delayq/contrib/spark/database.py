@@ -27,7 +27,6 @@ from django_delayq.models import Message
 from django_delayq.store import changes, write
 from django_delayq.store.features import features
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
 ARCHIVE_LOCK = "django_delayq.archive"
 
 
@@ -36,10 +35,12 @@ def resolve_alias(alias: str | None) -> str:
     alias = alias or router.db_for_write(Message)
     if alias not in connections.settings:
         raise PipelineError(f"unknown database alias {alias!r} (see settings.DATABASES)")
-    vendor = connections[alias].vendor
-    if vendor not in SUPPORTED_VENDORS:
-        raise PipelineError(f"the Spark pipeline supports PostgreSQL and SQLite, not {vendor}")
-    if vendor == "sqlite" and _sqlite_path(connections[alias]) is None:
+    connection = connections[alias]
+    if not features(connection).pipeline:
+        raise PipelineError(
+            f"the Spark pipeline supports PostgreSQL and SQLite, not {connection.vendor}"
+        )
+    if connection.vendor == "sqlite" and _sqlite_path(connection) is None:
         raise PipelineError(
             "an in-memory SQLite database cannot be shared with Spark; use a database file"
         )

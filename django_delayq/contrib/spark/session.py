@@ -161,11 +161,3 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent
-
-
-def stop_session() -> None:
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()

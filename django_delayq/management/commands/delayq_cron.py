@@ -1,6 +1,6 @@
 """``manage.py delayq_cron [list|install|uninstall] [NAME ...]``: schedules by hand.
 
-Thin: the listing, installing and uninstalling live in ``scheduling.py``.
+Thin: the listing, installing and uninstalling live in ``cron/install.py``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_delayq.scheduling import (
-    ScheduleError,
-    install_schedules,
-    schedule_overview,
-    uninstall_schedules,
-)
+from django_delayq.cron.install import install_schedules, schedule_overview, uninstall_schedules
+from django_delayq.cron.spec import ScheduleError
 
 COLUMNS = ("name", "queue", "schedule", "timezone", "next runs", "last run", "outcome")
 

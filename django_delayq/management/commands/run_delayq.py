@@ -97,8 +97,7 @@ class Command(BaseCommand):
             )
         except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        if not options.get("skip_signals"):
-            worker.install_signal_handlers()
+        worker.install_signal_handlers()
         try:
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken

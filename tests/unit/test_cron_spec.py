@@ -7,11 +7,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_delayq.models import Message
-from django_delayq.registry import registry
-from django_delayq.scheduling import (
+from django_delayq.cron.spec import (
     ScheduleError,
-    _TickRow,
+    TickRow,
     build_schedule,
     get_schedules,
     parse_key,
@@ -21,6 +19,8 @@ from django_delayq.scheduling import (
     tick_of,
     unregister_schedule,
 )
+from django_delayq.models import Message
+from django_delayq.registry import registry
 
 PARIS = ZoneInfo("Europe/Paris")
 
@@ -286,7 +286,7 @@ def test_default_grace_is_the_interval_to_the_next_tick_at_most_an_hour():
 
 def rows_for(s, times, untouched=True, start_id=1):
     return [
-        _TickRow(start_id + i, s.queue, s.name, s.config_hash, t, untouched)
+        TickRow(start_id + i, s.queue, s.name, s.config_hash, t, untouched)
         for i, t in enumerate(times)
     ]
 
