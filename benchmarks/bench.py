@@ -2,8 +2,10 @@
 
     make bench                      # full run (30-45 minutes on 2 cores)
     make bench ARGS=--quick         # small sizes, for development (about 6 minutes)
+    make bench ARGS="--baseline origin/main"   # and the code of another commit beside it
     .venv/bin/python -m benchmarks.bench [--quick] [--systems delayq raw-one ...]
                                          [--metrics process_c1 latency ...]
+                                         [--baseline REF]
 
 Every figure comes from its own subprocess
 (``python -m benchmarks.systems.<adapter> <metric>``) on a freshly created
@@ -56,6 +58,9 @@ class SystemSpec:
     peer: bool  # runs in the peers' virtualenv
     limit: bool = False
     env: tuple[tuple[str, str], ...] = ()
+    # Another checkout of django-delayq to run (--baseline): its package and
+    # its benchmark adapter are imported from there.
+    root: Path | None = None
 
 
 SYSTEMS = [
@@ -195,11 +200,12 @@ def run_one(spec: SystemSpec, metric: Metric, timeout: float) -> dict[str, Any]:
     python = str(PEERS_PYTHON) if spec.peer else sys.executable
     db = spec.key.replace("-", "_")
     command = [python, "-m", *spec.module, *metric.args, "--db", db]
-    env = {**os.environ, **dict(spec.env), "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    root = spec.root or ROOT
+    env = {**os.environ, **dict(spec.env), "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore"}
     start = time.monotonic()
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
@@ -210,6 +216,34 @@ def run_one(spec: SystemSpec, metric: Metric, timeout: float) -> dict[str, Any]:
     result = json.loads(lines[-1])
     result["seconds"] = time.monotonic() - start
     return result
+
+
+BASELINE = ROOT / "benchmarks" / ".baseline"
+
+
+def baseline(ref: str) -> SystemSpec:
+    """django-delayq as of git ``ref``, checked out (detached) in ``benchmarks/.baseline``.
+
+    A refactor is compared with the code before it in one run, on the same
+    machine and server, rather than with a table measured another day.
+    """
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    if BASELINE.exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(BASELINE)], cwd=ROOT)
+    subprocess.run(
+        ["git", "worktree", "add", "--force", "--detach", str(BASELINE), sha],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    return SystemSpec(
+        "delayq-baseline",
+        f"django-delayq @ {sha[:8]}",
+        ["benchmarks.systems.delayq"],
+        False,
+        root=BASELINE,
+    )
 
 
 def median_run(runs: list[dict[str, Any]], field: str) -> dict[str, Any]:
@@ -262,12 +296,14 @@ def build_table(
     mets: list[Metric],
     repeat: int = 1,
 ) -> tuple[list[str], list[list[str]]]:
+    compared = any(s.root is not None for s in systems)
     header = [
         "metric",
         "unit",
         *(s.label for s in systems),
         "delayq / limit (default · prepared)",
         "delayq / best peer (default · prepared)",
+        *(["delayq / baseline"] if compared else []),
     ]
     rows = []
     for metric in mets:
@@ -288,6 +324,8 @@ def build_table(
             row += [ratios(values, limit), ratios(values, peer)]
         else:
             row += ["", ""]
+        if compared:
+            row.append(ratio(values.get("delayq"), values.get("delayq-baseline")))
         rows.append(row)
     return header, rows
 
@@ -362,9 +400,17 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of each short metric; the median is kept"
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run django-delayq as of this git commit, beside the current code",
+    )
     args = parser.parse_args()
 
     systems = [s for s in SYSTEMS if not args.systems or s.key in args.systems]
+    if args.baseline:
+        ours = [i for i, s in enumerate(systems) if s.key in OURS or s.limit]
+        systems.insert(max(ours, default=-1) + 1, baseline(args.baseline))
     mets = [m for m in metrics(args.quick) if not args.metrics or m.key in args.metrics]
     if any(s.peer for s in systems):
         ensure_peers(install=not args.no_install)
