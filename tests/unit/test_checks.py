@@ -57,3 +57,16 @@ def test_durations_accept_seconds_and_override_settings_resets_cache():
     with override_settings(DELAYQ={"LEASE": 12}):
         assert get_config()["LEASE"] == timedelta(seconds=12)
     assert get_config()["LEASE"] != timedelta(seconds=12)
+
+
+def test_an_sqlite_without_returning_is_reported(monkeypatch):
+    from types import SimpleNamespace
+
+    from django_delayq.store import server
+
+    sqlite = SimpleNamespace(vendor="sqlite")
+    monkeypatch.setattr(server.sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(server.sqlite3, "sqlite_version", "3.31.1")
+    problem = server.version_problem(sqlite)
+    assert problem is not None and problem.check_id == "django_delayq.E051"
+    assert "3.35" in str(problem) and "3.31.1" in str(problem)
