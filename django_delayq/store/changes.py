@@ -247,6 +247,9 @@ def _ending(model: type[Model], changes: Mapping[str, Any]) -> dict[str, Any]:
             default=_as_expression(changes.get(name, F(name)), field),
             output_field=field,
         )
+    # superseded_at last: MySQL evaluates SET assignments in order, and every
+    # CASE above must see the column as it was.
+    out["superseded_at"] = out.pop("superseded_at")
     return out
 
 
@@ -718,7 +721,9 @@ def schedule(rows: QuerySet[Any], when: datetime) -> int:
         name: _rerun(value, _field(model, name))
         for name, value in (("attempt_count", 0), ("last_error", ""), ("last_traceback", ""))
     }
-    return rows.exclude(held_condition()).order_by().update(**_scheduled(when), **restart)
+    # The CASEs first: MySQL evaluates SET assignments in order, each seeing the
+    # ones before it (the status set before them would hide a finished row).
+    return rows.exclude(held_condition()).order_by().update(**restart, **_scheduled(when))
 
 
 def mark_scheduled(row: Model, when: datetime) -> None:
