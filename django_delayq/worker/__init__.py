@@ -38,6 +38,7 @@ from django_delayq.store import changes
 from django_delayq.store.features import features
 from django_delayq.worker.acks import AckBuffer
 from django_delayq.worker.claimer import Claimer
+from django_delayq.worker.execute import Result
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.keeper import Keeper
 from django_delayq.worker.maintenance import Maintenance
@@ -45,6 +46,9 @@ from django_delayq.worker.runner import Done, Runner
 from django_delayq.worker.wakeup import Waker
 
 logger = logging.getLogger("django_delayq.worker")
+
+# Outcomes that make a message due again later: the next due time may move.
+RESCHEDULED = frozenset({Result.RETRYING, Result.SNOOZED})
 
 __all__ = ["Worker", "resolve_queues", "worker_name"]
 
@@ -239,6 +243,9 @@ class Worker:
         self.runner.start(self.concurrency)
         self.keeper.start()
         errors = 0
+        # --burst: once nothing is held, one more claim of every lane (drained
+        # or not) must find nothing before the worker exits.
+        last_look = False
         try:
             while not self.book.stopping:
                 # DEBUG's query log is per thread and per connection: each of
@@ -255,11 +262,16 @@ class Worker:
                         )
                     errors = 0
                     if claimed:
+                        last_look = False
                         continue
-                    idle = self.book.idle()
-                    if self.burst and idle:
-                        break
-                    self.claimer.idle_wait(busy=not idle)
+                    if self.burst and self.book.idle():
+                        if last_look:
+                            break
+                        last_look = True
+                        self.claimer.undrain()
+                        continue
+                    last_look = False
+                    self.claimer.idle_wait()
                 except DatabaseError:
                     # Lost connection, restarted server, failover: reconnect
                     # with a capped exponential backoff; the worker never
@@ -291,13 +303,17 @@ class Worker:
 
     def _settled(self, done: Done) -> None:
         """Bookkeeping once outcomes are committed (or known to be lost)."""
-        wake = self.book.settle(
-            ((item, result) for item, result, _ in done), self.claimer.batch_for
-        )
+        wake = self.book.settle(((item, result) for item, result, _ in done), self._wants)
+        if any(result in RESCHEDULED for _, result, _ in done):
+            self.claimer.forget_next_due()
         for item, result, elapsed in done:
             self._processed(item, result, elapsed)
         if wake and self.claimer.waker is not None:
             self.claimer.waker.poke()
+
+    def _wants(self, lane: Lane) -> int:
+        """How many queued messages ``lane`` should hold (0 if nothing is due there)."""
+        return self.claimer.batch_for(lane) if self.claimer.wants(lane) else 0
 
     def _ack_lost(self, message: Message) -> None:
         """A batched acknowledgement found the message claimed again."""

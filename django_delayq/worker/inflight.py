@@ -211,14 +211,13 @@ class Book:
                 item.phase = Phase.RUNNING
                 item.started_at = time.monotonic()
 
-    def settle(
-        self, results: Iterable[tuple[InFlight, str]], batch_of: Callable[[Lane], int]
-    ) -> bool:
+    def settle(self, results: Iterable[tuple[InFlight, str]], wants: Callable[[Lane], int]) -> bool:
         """Forget attempts whose outcome is committed (or known lost); count them.
 
         True when the claimer has something to do: claim for a lane whose
-        queue runs low, or notice that all is done (``--burst``). Waking it
-        after every message made it compete with the executors for the GIL.
+        queue runs below what it ``wants`` (0: a drained lane, nothing to
+        claim), or notice that all is done (``--burst``). Waking it after
+        every message made it compete with the executors for the GIL.
         """
         wake = False
         with self.cond:
@@ -227,7 +226,7 @@ class Book:
                     continue  # taken meanwhile (time limit): counted there
                 self._forget(item)
                 self.stats[result] += 1
-                wake = wake or len(item.lane.queued) < batch_of(item.lane)
+                wake = wake or len(item.lane.queued) < wants(item.lane)
             wake = wake or not self._held
             self.cond.notify_all()
         return wake

@@ -40,6 +40,8 @@ class Waker:
         os.set_blocking(self._write_fd, False)
         self._listener: Any = None
         self.hint: datetime | None = None
+        # The queues notified since the last wait began (with a due time).
+        self.notified: set[str] = set()
         self._using = using
         self._wants_listener = listen and features(connections[using]).notify
         self._lost_at: float | None = None
@@ -85,14 +87,21 @@ class Waker:
             self._lost_at = None
             logger.warning("LISTEN connection restored")
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; True if the whole timeout passed.
+
+        A notification (recorded in ``notified`` and ``hint``) or a poke
+        ends it early.
+        """
         self._maybe_relisten()
+        self.notified = set()
         fds = [self._read_fd]
         if self._listener is not None:
             fds.append(self._listener.fileno())
+        ready: list[int] = []
         if timeout > 0:
             try:
-                select.select(fds, [], [], timeout)
+                ready = select.select(fds, [], [], timeout)[0]
             except (OSError, ValueError):
                 pass
         try:
@@ -101,6 +110,7 @@ class Waker:
         except (BlockingIOError, OSError):
             pass
         self._drain_notifications()
+        return timeout > 0 and not ready and not self.notified
 
     def _drain_notifications(self) -> None:
         if self._listener is None:
@@ -121,6 +131,7 @@ class Waker:
             due = datetime.fromtimestamp(float(body["due"]), tz=clock.now().tzinfo)
         except (ValueError, TypeError, KeyError):
             return
+        self.notified.add(body["queue"])
         if self.hint is None or due < self.hint:
             self.hint = due
 
