@@ -242,6 +242,10 @@ NEW_VERSIONS = {
 }
 
 
+# JSON objects have no order; 1.0 is not 1, true is not 1 (see _same_json).
+UNCHANGED = ("identical", "payload_keys_in_another_order")
+
+
 def put_in_state(key: str, state: str) -> Message:
     """A message at {"v": 1, "w": 0}, kind "k", max_attempts 3, in ``state``."""
     enqueue("q", {"v": 1, "w": 0}, key=key, kind="k", max_attempts=3)
@@ -298,6 +302,8 @@ def test_same_content_and_apply_update_do_what_the_upsert_does(
     )
     incoming = write.row(shared, "k", new["payload"])
     same = write.same_content(current, incoming)
+    # Only a waiting message whose content and schedule are unchanged is left alone.
+    assert same is (state in ("pending", "retrying") and change in UNCHANGED)
     expected = copy.deepcopy(current)
     if not same:
         write.apply_update(expected, incoming)
@@ -315,6 +321,30 @@ def test_same_content_and_apply_update_do_what_the_upsert_does(
     assert stored("k").as_dict() == expected.as_dict()
     # As JSON too (Python calls 1 and 1.0 equal).
     assert exact(stored("k").payload) == exact(expected.payload)
+    if not same:
+        # What the update does, stated apart from apply_update (which MariaDB writes).
+        assert_updated(current, stored("k"), new)
+
+
+def assert_updated(old: Message, row: Message, new: dict[str, Any]) -> None:
+    content = (row.kind, row.priority, row.max_attempts, row.scheduled_time, row.updated_at)
+    assert content == (new["kind"], new["priority"], new["max_attempts"], new["due"], at(0))
+    assert exact(row.payload) == exact(new["payload"])
+    assert row.finished_at is None
+    if old.status == "running":
+        # The running attempt goes on; the new version waits for its end.
+        kept = (row.status, row.lock_token, row.next_attempt_time, row.attempt_count)
+        assert kept == ("running", old.lock_token, old.next_attempt_time, old.attempt_count)
+        assert row.superseded_at == at(0)
+        return
+    assert (row.status, row.next_attempt_time, row.lock_token) == ("pending", new["due"], None)
+    assert row.superseded_at is None
+    if old.status in ("succeeded", "failed", "cancelled"):
+        # Delivered again, from its first attempt.
+        assert (row.attempt_count, row.last_error, row.last_traceback) == (0, "", "")
+    else:
+        kept = (row.attempt_count, row.last_error, row.last_traceback)
+        assert kept == (old.attempt_count, old.last_error, old.last_traceback)
 
 
 def exact(payload: Any) -> str:
