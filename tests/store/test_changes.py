@@ -589,6 +589,43 @@ def test_releasing_a_dead_workers_superseded_row_leaves_the_new_version_due(
     assert subset(state, expected) == expected
 
 
+# -- statements compiled once while the clock is the database's ---------------------
+#
+# The claim and the acknowledgement keep their compiled SQL between calls (the
+# tests above replace the clock, which turns that off): what is kept must still
+# follow each call's worker, lease and table.
+
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def test_a_claim_compiled_once_still_takes_each_workers_name_and_lease() -> None:
+    a, b, c = (MESSAGE.add(due=LONG_AGO + timedelta(seconds=i)) for i in range(3))
+    for pk, worker, seconds in ((a, "w1", 30), (b, "w2", 90), (c, "w1", 30)):
+        MESSAGE.claim(1, worker=worker, lease=timedelta(seconds=seconds))
+        state = MESSAGE.state(pk)
+        assert state["locked_by"] == worker
+        assert state["next_attempt_time"] - state["last_attempt_time"] == timedelta(seconds=seconds)
+
+
+def test_an_extension_compiled_once_still_writes_each_lease() -> None:
+    pk = MESSAGE.add(due=LONG_AGO)
+    token = MESSAGE.claim().token
+    leases = []
+    for seconds in (600, 600, 6000):
+        assert changes.extend([pk], token, timedelta(seconds=seconds)) == {pk}
+        leases.append(MESSAGE.state(pk)["next_attempt_time"])
+    assert timedelta(0) <= leases[1] - leases[0] < timedelta(seconds=60)
+    assert timedelta(seconds=5340) < leases[2] - leases[1] < timedelta(seconds=5460)
+
+
+def test_an_acknowledgement_compiled_once_serves_each_table() -> None:
+    for table in (MESSAGE, SHIPMENT, MESSAGE, SHIPMENT):
+        pk = table.add(due=LONG_AGO)
+        token = table.claim().token
+        assert changes.ack([pk], token, model=table.model) == 1
+        assert table.state(pk)["status"] == "succeeded"
+
+
 # -- held_ids, write_payload -------------------------------------------------------
 
 
