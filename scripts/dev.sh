@@ -104,7 +104,7 @@ run_suite() {
   # and prepared statements): the core and the worker processes.
   log "core suite on PostgreSQL with prepared statements"
   DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
-    tests/unit tests/integration tests/process
+    tests/unit tests/integration tests/store tests/process
   log "test suite on SQLite ($sqlite_url)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
   log "example project's tests on SQLite"

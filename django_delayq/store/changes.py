@@ -41,7 +41,6 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Greatest
 from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
@@ -537,7 +536,11 @@ def release(
         "updated_at": now,
     }
     if not started:
-        changes["attempt_count"] = Greatest(F("attempt_count") - 1, Value(0))
+        # Not GREATEST(attempt_count - 1, 0): on MariaDB/MySQL the column is
+        # unsigned, and 0 - 1 is an error there before GREATEST sees it.
+        changes["attempt_count"] = Case(
+            When(attempt_count__gt=0, then=F("attempt_count") - 1), default=Value(0)
+        )
     return int(_update_held(ids, token, changes, using=using, model=model, skip_locked=True))
 
 
@@ -721,8 +724,9 @@ def schedule(rows: QuerySet[Any], when: datetime) -> int:
         name: _rerun(value, _field(model, name))
         for name, value in (("attempt_count", 0), ("last_error", ""), ("last_traceback", ""))
     }
-    # The CASEs first: MySQL evaluates SET assignments in order, each seeing the
-    # ones before it (the status set before them would hide a finished row).
+    # The restart first: MariaDB/MySQL evaluate SET from left to right, each
+    # assignment seeing the ones before it, so after "status = 'pending'" no
+    # row would look finished any more.
     return rows.exclude(held_condition()).order_by().update(**restart, **_scheduled(when))
 
 

@@ -22,6 +22,8 @@ u.value->1
 -- name: update_conflicts
 -- on_conflict="update": an existing key gets the new content and schedule
 -- (a finished message runs again, from attempt 1), unless nothing differs.
+-- Payloads compare as jsonb's text (keys in jsonb's order): jsonb equality
+-- calls 1 and 1.0 equal, and the new payload's 1.0 would be dropped.
 -- A running message keeps its attempt (lock token and lease): the new
 -- version waits (superseded_at) and is due at its scheduled time once that
 -- attempt ends, so it never runs beside it.
@@ -46,7 +48,7 @@ ON CONFLICT ({queue}, {key}) DO UPDATE SET
     "lock_token" = CASE WHEN {table}."status" = 'running' THEN {table}."lock_token" ELSE NULL END,
     "status" = CASE WHEN {table}."status" = 'running' THEN 'running' ELSE 'pending' END
 WHERE {table}."status" <> 'pending'
-    OR {table}."payload" IS DISTINCT FROM excluded."payload"
+    OR {table}."payload"::text IS DISTINCT FROM excluded."payload"::text
     OR {table}."kind" IS DISTINCT FROM excluded."kind"
     OR {table}."priority" IS DISTINCT FROM excluded."priority"
     OR {table}."max_attempts" IS DISTINCT FROM excluded."max_attempts"

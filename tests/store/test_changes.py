@@ -1,0 +1,1147 @@
+"""The contract of ``store/changes.py``: every state change, on every database.
+
+One section per function. Tests that take the ``table`` fixture run on
+``Message`` and on the test app's ``QueueFields`` model (``Shipment``), the
+two kinds of table every change serves. Times are the test clock's
+(``fake_clock``), which is also the clock the store writes into its
+statements; one test checks the database's own clock.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_delayq import clock, enqueue
+from django_delayq.fingerprint import fingerprint
+from django_delayq.models import Message
+from django_delayq.store import changes
+from tests.conftest import FakeClock, finishes_within
+from tests.store.tables import LEASE, Table, at, can, subset
+from tests.testapp.models import Shipment
+
+pytestmark = pytest.mark.django_db
+
+MESSAGE = Table(Message)
+SHIPMENT = Table(Shipment)
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def test_every_public_function_of_changes_has_a_test_here() -> None:
+    """This file is the contract of the module: a new change needs its tests here."""
+    source = Path(__file__).read_text()
+    public = [
+        name
+        for name, value in vars(changes).items()
+        if inspect.isfunction(value)
+        and value.__module__ == changes.__name__
+        and not name.startswith("_")
+    ]
+    assert len(public) > 20
+    untested = [name for name in public if f"changes.{name}(" not in source]
+    assert not untested
+
+
+# -- fit, has_column, claim_order ----------------------------------------------------
+
+
+def test_fit_keeps_only_the_columns_the_table_has() -> None:
+    wanted = {"status": "pending", "updated_at": 1, "finished_at": 2, "priority": 3, "nope": 4}
+    assert changes.fit(Message, wanted) == {
+        "status": "pending",
+        "updated_at": 1,
+        "finished_at": 2,
+        "priority": 3,
+    }
+    assert changes.fit(Shipment, wanted) == {"status": "pending", "priority": 3}
+    assert changes.has_column(Message, "superseded_at")
+    assert not changes.has_column(Shipment, "superseded_at")
+
+
+def test_claim_order_is_priority_first_where_the_table_has_a_priority() -> None:
+    assert changes.claim_order(Message) == ("-priority", "next_attempt_time")
+    assert changes.claim_order(Shipment) == ("-priority", "next_attempt_time")
+
+
+# -- claim -----------------------------------------------------------------------------
+
+
+def test_claim_takes_due_rows_only(table: Table, fake_clock: FakeClock) -> None:
+    due = {
+        table.add(due=at(-60)),
+        table.add(due=at(0)),  # due exactly now
+        table.add(status="running", due=at(-1), lock_token=uuid.uuid4()),  # lease ran out
+    }
+    table.add(due=at(0.000001))
+    table.add(due=None)  # pending without a due time: never claimed
+    table.add(status="running", due=at(10), lock_token=uuid.uuid4())  # a lease that runs
+    for status in FINISHED:
+        table.add(status=status, due=at(-60))  # finished, even with a due time
+    before = table.states()
+
+    claimed = table.claim(100)
+
+    assert {m.pk for m in claimed.messages} == due
+    for pk, state in table.states().items():
+        if pk not in due:
+            assert state == before[pk]
+
+
+def test_claim_takes_the_highest_priority_first_then_the_earliest_due(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    high_early = table.add(priority=5, due=at(-2))
+    high_late = table.add(priority=5, due=at(-1))
+    low = table.add(priority=-1, due=at(-10))
+    mid_early = table.add(priority=0, due=at(-4))
+    mid_late = table.add(priority=0, due=at(-3))
+
+    first = table.claim(3)
+    second = table.claim(10)
+
+    assert [m.pk for m in first.messages] == [high_early, high_late, mid_early]
+    assert [m.pk for m in second.messages] == [mid_late, low]
+
+
+def test_claim_takes_at_most_limit_rows(table: Table, fake_clock: FakeClock) -> None:
+    for _ in range(5):
+        table.add()
+    assert len(table.claim(2).messages) == 2
+    assert len(table.claim(1).messages) == 1
+    assert len(table.claim(10).messages) == 2
+
+
+def test_claim_takes_only_the_given_queues(fake_clock: FakeClock) -> None:
+    a = MESSAGE.add(queue="a")
+    b = MESSAGE.add(queue="b")
+    c = MESSAGE.add(queue="c")
+    untouched = MESSAGE.state(c)
+
+    claimed = MESSAGE.claim(10, queues=["a", "b"])
+
+    assert {m.pk for m in claimed.messages} == {a, b}
+    assert MESSAGE.state(c) == untouched
+
+
+def test_claim_of_no_queue_claims_nothing_and_changes_nothing(fake_clock: FakeClock) -> None:
+    MESSAGE.add()
+    before = MESSAGE.states()
+    with CaptureQueriesContext(connection) as queries:
+        claimed = MESSAGE.claim(10, queues=[])
+    assert claimed.messages == []
+    assert len(queries) == 0
+    assert MESSAGE.states() == before
+
+
+def test_claim_of_a_queue_fields_model_ignores_queues(fake_clock: FakeClock) -> None:
+    """The model is the queue: no queue list (not even an empty one) narrows it."""
+    row = SHIPMENT.add()
+    assert [m.pk for m in SHIPMENT.claim(10, queues=[]).messages] == [row]
+
+
+def test_claim_marks_rows_running_under_one_new_token_with_a_lease(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    first = table.add(attempt_count=2, locked_by="old", last_error="before")
+    second = table.add()
+    now = fake_clock.advance(5)
+
+    claimed = table.claim(10, worker="worker-1")
+
+    assert isinstance(claimed.token, uuid.UUID)
+    for pk, attempts in ((first, 3), (second, 1)):
+        state = table.state(pk)
+        expected = table.expect(
+            {
+                "status": "running",
+                "lock_token": claimed.token,
+                "locked_by": "worker-1",
+                "attempt_count": attempts,
+                "last_attempt_time": now,
+                "next_attempt_time": now + LEASE,
+                "updated_at": now,
+                "superseded_at": None,
+            }
+        )
+        assert subset(state, expected) == expected
+    # A failed attempt's error stays until the next outcome replaces it.
+    assert table.state(first)["last_error"] == "before"
+    # The rows returned are the rows stored (RETURNING's converters ran).
+    assert {m.pk: table.expect(vars(m)) for m in claimed.messages} == {
+        pk: table.expect(table.state(pk)) for pk in (first, second)
+    }
+    assert table.claim(10).token != claimed.token
+
+
+def test_claim_cuts_the_worker_name_to_the_column(fake_clock: FakeClock) -> None:
+    pk = MESSAGE.add()
+    MESSAGE.claim(worker="w" * 300)
+    assert MESSAGE.state(pk)["locked_by"] == "w" * 255
+
+
+def test_claim_writes_the_lease_on_the_database_clock() -> None:
+    pk = MESSAGE.add(due=datetime(2000, 1, 1, tzinfo=UTC))
+    before = datetime.now(UTC)
+    MESSAGE.claim(lease=timedelta(seconds=45))
+    after = datetime.now(UTC)
+
+    state = MESSAGE.state(pk)
+    started = state["last_attempt_time"]
+    # One statement, one "now": the lease is exactly that now plus the lease.
+    assert state["next_attempt_time"] - started == timedelta(seconds=45)
+    assert state["updated_at"] == started
+    assert before - timedelta(seconds=5) <= started <= after + timedelta(seconds=5)
+
+
+def test_claim_gives_each_queue_and_kind_its_own_lease(fake_clock: FakeClock) -> None:
+    slow = MESSAGE.add(queue="q", kind="slow")
+    other = MESSAGE.add(queue="q", kind="other")
+    elsewhere = MESSAGE.add(queue="r", kind="slow")
+    leases = {("q", None): timedelta(seconds=20), ("q", "slow"): timedelta(seconds=60)}
+
+    changes.claim(["q", "r"], 10, worker="w", lease=timedelta(seconds=10), leases=leases)
+
+    now = clock.now()
+    assert MESSAGE.state(slow)["next_attempt_time"] == now + timedelta(seconds=60)
+    assert MESSAGE.state(other)["next_attempt_time"] == now + timedelta(seconds=20)
+    assert MESSAGE.state(elsewhere)["next_attempt_time"] == now + timedelta(seconds=10)
+
+
+def test_claim_takes_a_running_row_again_once_its_lease_ran_out(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    pk = table.add()
+    old = table.claim(worker="w1")
+    fake_clock.advance(LEASE.total_seconds() - 0.000001)
+    assert table.claim(worker="w2").messages == []
+
+    fake_clock.advance(0.000001)  # the lease ends now: the row is due
+    new = table.claim(worker="w2")
+
+    assert [m.pk for m in new.messages] == [pk]
+    state = table.state(pk)
+    assert (state["lock_token"], state["locked_by"], state["attempt_count"]) == (
+        new.token,
+        "w2",
+        2,
+    )
+    assert changes.ack([pk], old.token, model=table.model) == 0
+    assert changes.ack([pk], new.token, model=table.model) == 1
+
+
+def test_claim_never_takes_a_row_twice(table: Table, fake_clock: FakeClock) -> None:
+    rows = {table.add() for _ in range(5)}
+    first = {m.pk for m in table.claim(2).messages}
+    second = {m.pk for m in table.claim(10).messages}
+    assert len(first) == 2 and first.isdisjoint(second) and first | second == rows
+    assert table.claim(10).messages == []
+
+
+def test_claim_of_a_superseded_row_starts_the_new_versions_first_attempt(
+    fake_clock: FakeClock,
+) -> None:
+    pk = superseded_message(fake_clock)
+    fake_clock.advance(LEASE.total_seconds())
+    claimed = MESSAGE.claim()
+    assert [m.pk for m in claimed.messages] == [pk]
+    state = MESSAGE.state(pk)
+    assert (state["attempt_count"], state["superseded_at"]) == (1, None)
+    assert state["payload"] == {"v": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_skips_the_rows_another_open_transaction_claimed() -> None:
+    """Two claimers never wait for each other, nor take the same row."""
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("one writer at a time: claims are serialised by the database")
+    rows = {MESSAGE.add(due=datetime(2000, 1, 1, tzinfo=UTC)) for _ in range(5)}
+    with transaction.atomic():
+        mine = MESSAGE.claim(2)
+        theirs = finishes_within(20, in_thread(lambda: MESSAGE.claim(10)))
+    assert len(mine.messages) == 2
+    assert {m.pk for m in mine.messages}.isdisjoint({m.pk for m in theirs.messages})
+    assert {m.pk for m in mine.messages} | {m.pk for m in theirs.messages} == rows
+
+
+def in_thread(function: Callable[[], Any]) -> Callable[[], Any]:
+    """``function`` for another thread: on its own connection, closed afterwards."""
+
+    def run() -> Any:
+        try:
+            return function()
+        finally:
+            connections.close_all()
+
+    return run
+
+
+# -- the outcomes of a claimed row: compare-and-set on (id, token, running) ---------
+
+RETRY_IN = timedelta(seconds=7)
+RETRY_AT = timedelta(minutes=5)
+SNOOZE = timedelta(seconds=9)
+EXTENDED = timedelta(seconds=90)
+
+Settle = Callable[[Any, uuid.UUID, Table], int]
+
+SETTLES: dict[str, Settle] = {
+    "ack": lambda pk, token, t: changes.ack([pk], token, model=t.model),
+    "ack_held": lambda pk, token, t: len(changes.ack_held({token: [pk]}, model=t.model)),
+    "fail_retry_in": lambda pk, token, t: changes.fail(
+        pk, token, error="boom 1", traceback="tb", retry_at=None, retry_in=RETRY_IN, model=t.model
+    ),
+    "fail_retry_at": lambda pk, token, t: changes.fail(
+        pk, token, error="boom 1", traceback="tb", retry_at=clock.now() + RETRY_AT, model=t.model
+    ),
+    "fail_final": lambda pk, token, t: changes.fail(
+        pk, token, error="boom 1", traceback="tb", retry_at=None, model=t.model
+    ),
+    "snooze_delay": lambda pk, token, t: changes.snooze(
+        pk, token, run_at=SNOOZE, max_attempts=8, model=t.model
+    ),
+    "snooze_until": lambda pk, token, t: changes.snooze(
+        pk, token, run_at=clock.now() + SNOOZE, max_attempts=8, model=t.model
+    ),
+    "release_started": lambda pk, token, t: changes.release(
+        [pk], token, started=True, model=t.model
+    ),
+    "release_unstarted": lambda pk, token, t: changes.release(
+        [pk], token, started=False, model=t.model
+    ),
+    "extend": lambda pk, token, t: len(changes.extend([pk], token, EXTENDED, model=t.model)),
+}
+
+
+def settled(op: str, now: datetime) -> dict[str, Any]:
+    """What ``op`` leaves on a row claimed once (attempt 1), at ``now``."""
+    failed = {
+        "last_error": "boom 1",
+        "last_traceback": "tb",
+        "error_fingerprint": fingerprint("boom 1"),
+        "lock_token": None,
+        "attempt_count": 1,
+        "finished_at": None,
+    }
+    pending = {"status": "pending", "lock_token": None, "finished_at": None, "attempt_count": 1}
+    outcome = {
+        "ack": {"status": "succeeded", "next_attempt_time": None, "lock_token": None}
+        | {"finished_at": now, "attempt_count": 1},
+        "fail_retry_in": failed | {"status": "pending", "next_attempt_time": now + RETRY_IN},
+        "fail_retry_at": failed | {"status": "pending", "next_attempt_time": now + RETRY_AT},
+        "fail_final": failed | {"status": "failed", "next_attempt_time": None, "finished_at": now},
+        "snooze_delay": pending | {"next_attempt_time": now + SNOOZE, "max_attempts": 8},
+        "snooze_until": pending | {"next_attempt_time": now + SNOOZE, "max_attempts": 8},
+        "release_started": pending | {"next_attempt_time": now},
+        "release_unstarted": pending | {"next_attempt_time": now, "attempt_count": 0},
+        "extend": {"status": "running", "next_attempt_time": now + EXTENDED, "attempt_count": 1},
+    }
+    outcome["ack_held"] = outcome["ack"]
+    return outcome[op] | {"updated_at": now}
+
+
+@pytest.mark.parametrize("op", SETTLES)
+def test_a_settling_change_with_the_rows_token_changes_it(
+    op: str, table: Table, fake_clock: FakeClock
+) -> None:
+    pk = table.add()
+    bystander = table.add(due=at(1))
+    claimed = table.claim(1)
+    assert [m.pk for m in claimed.messages] == [pk]
+    untouched = table.state(bystander)
+    now = fake_clock.advance(1)
+
+    assert SETTLES[op](pk, claimed.token, table) == 1
+
+    expected = table.expect(settled(op, now))
+    assert subset(table.state(pk), expected) == expected
+    if op == "extend":
+        assert table.state(pk)["lock_token"] == claimed.token
+    assert table.state(bystander) == untouched
+
+
+@pytest.mark.parametrize("wrong", ["stale", "forged", "not_running"])
+@pytest.mark.parametrize("op", SETTLES)
+def test_a_settling_change_with_a_token_the_row_does_not_carry_changes_nothing(
+    op: str, wrong: str, table: Table, fake_clock: FakeClock
+) -> None:
+    pk = table.add()
+    token = table.claim().token
+    if wrong == "stale":
+        # The lease ran out and another worker claimed the row.
+        fake_clock.advance(LEASE.total_seconds() + 1)
+        assert [m.pk for m in table.claim(worker="other").messages] == [pk]
+    elif wrong == "forged":
+        token = uuid.uuid4()
+    else:
+        # The token is on the row but the row is no longer running.
+        table.set(pk, status="pending")
+    before = table.state(pk)
+    fake_clock.advance(1)
+
+    assert SETTLES[op](pk, token, table) == 0
+    assert table.state(pk) == before
+
+
+def test_ack_counts_only_the_rows_still_held(table: Table, fake_clock: FakeClock) -> None:
+    a, b, c = table.add(due=at(-3)), table.add(due=at(-2)), table.add(due=at(-1))
+    mine = table.claim(2)
+    theirs = table.claim(1)
+    assert [m.pk for m in theirs.messages] == [c]
+
+    assert changes.ack([a, b, c], mine.token, model=table.model) == 2
+
+    assert [table.state(pk)["status"] for pk in (a, b, c)] == ["succeeded", "succeeded", "running"]
+    assert changes.ack([], mine.token, model=table.model) == 0
+
+
+def test_ack_held_returns_the_pairs_still_held_across_tokens(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    a, b = table.add(), table.add()
+    first = table.claim(2)
+    fake_clock.advance(10)
+    assert changes.extend([b], first.token, LEASE, model=table.model) == {b}
+    fake_clock.advance(LEASE.total_seconds() - 9)
+    retaken = table.claim(1)  # a again (b's lease still runs), under a new token
+    assert [m.pk for m in retaken.messages] == [a]
+    c = table.add()
+    second = table.claim(1)
+    assert [m.pk for m in second.messages] == [c]
+
+    acked = changes.ack_held({first.token: [a, b], second.token: [c]}, model=table.model)
+
+    assert acked == {(b, first.token), (c, second.token)}
+    assert table.state(a)["status"] == "running"
+    assert table.state(a)["lock_token"] == retaken.token
+    assert changes.ack_held({}, model=table.model) == set()
+
+
+def test_ack_held_acknowledges_only_the_attempt_whose_token_the_row_carries(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    """A worker may hold one row under two tokens: it claimed it again after its lease."""
+    pk = table.add()
+    old = table.claim()
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    new = table.claim()
+    assert [m.pk for m in new.messages] == [pk]
+
+    acked = changes.ack_held({old.token: [pk], new.token: [pk]}, model=table.model)
+
+    assert acked == {(pk, new.token)}
+    assert table.state(pk)["status"] == "succeeded"
+
+
+def test_release_of_an_unstarted_claim_never_takes_attempts_below_zero(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    pk = table.add()
+    token = table.claim().token
+    table.set(pk, attempt_count=0)
+    assert changes.release([pk], token, started=False, model=table.model) == 1
+    assert table.state(pk)["attempt_count"] == 0
+
+
+def test_release_counts_only_the_rows_still_held(table: Table, fake_clock: FakeClock) -> None:
+    a, b, c = table.add(due=at(-3)), table.add(due=at(-2)), table.add(due=at(-1))
+    mine = table.claim(2)
+    table.claim(1)
+    assert changes.release([a, b, c], mine.token, started=True, model=table.model) == 2
+    assert table.state(c)["status"] == "running"
+
+
+def test_extend_returns_exactly_the_ids_it_extended(table: Table, fake_clock: FakeClock) -> None:
+    a, b, c = table.add(due=at(-3)), table.add(due=at(-2)), table.add(due=at(-1))
+    d = table.add(due=at(60))
+    mine = table.claim(2)
+    theirs = table.claim(1)
+    assert [m.pk for m in theirs.messages] == [c]
+    their_lease = table.state(c)["next_attempt_time"]
+    missing = max(a, b, c, d) + 1000
+    now = fake_clock.advance(10)
+
+    extended = changes.extend([a, b, c, d, missing], mine.token, EXTENDED, model=table.model)
+
+    assert extended == {a, b}
+    assert table.state(a)["next_attempt_time"] == now + EXTENDED
+    assert table.state(c)["next_attempt_time"] == their_lease
+    assert table.state(d)["status"] == "pending"
+    assert changes.extend([], mine.token, EXTENDED, model=table.model) == set()
+
+
+def test_fail_records_the_error_and_its_fingerprint(fake_clock: FakeClock) -> None:
+    pk = MESSAGE.add()
+    token = MESSAGE.claim().token
+    error = "app.Error: order 12345 not found"
+    changes.fail(pk, token, error=error, retry_at=None, retry_in=RETRY_IN)
+    state = MESSAGE.state(pk)
+    assert (state["last_error"], state["error_fingerprint"]) == (error, fingerprint(error))
+    assert state["error_fingerprint"] == fingerprint("app.Error: order 678 not found")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_housekeeping_skips_a_row_another_transaction_locked_without_waiting() -> None:
+    """The lease keeper (extend) and shutdown (release, fail with skip_locked) never
+    wait for a group of atomic handlers that still holds a row."""
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("no row locks: one writer at a time")
+    locked, free = (MESSAGE.add(due=datetime(2000, 1, 1, tzinfo=UTC)) for _ in range(2))
+    token = MESSAGE.claim().token
+    release_skips = can().skip_locked_subquery
+    with transaction.atomic():
+        Message.objects.select_for_update().get(pk=locked)
+
+        def housekeeping() -> tuple[Any, ...]:
+            extended = changes.extend([locked, free], token, EXTENDED)
+            if not release_skips:
+                return (extended,)
+            failed = changes.fail(locked, token, error="x", retry_at=None, skip_locked=True)
+            released = changes.release([locked, free], token, started=True)
+            return extended, failed, released
+
+        done = finishes_within(20, in_thread(housekeeping))
+    assert done[0] == {free}
+    if release_skips:
+        assert done[1:] == (0, 1)
+        assert MESSAGE.state(free)["status"] == "pending"
+    assert MESSAGE.state(locked)["status"] == "running"
+    assert MESSAGE.state(locked)["lock_token"] == token
+
+
+# -- a newer version waiting (enqueue with on_conflict="update" while running) ------
+
+
+def superseded_message(fake_clock: FakeClock) -> int:
+    """A message running attempt 1 whose newer version (due in a minute) waits."""
+    first = enqueue("q", {"v": 1}, key="k", max_attempts=3)
+    claimed = MESSAGE.claim()
+    assert [m.pk for m in claimed.messages] == [first.message.pk]
+    fake_clock.advance(1)
+    newer = enqueue(
+        "q", {"v": 2}, key="k", run_at=at(60), max_attempts=4, priority=2, on_conflict="update"
+    )
+    assert newer.outcome == "updated"
+    state = MESSAGE.state(first.message.pk)
+    assert (state["status"], state["superseded_at"]) == ("running", clock.now())
+    assert state["lock_token"] == claimed.token
+    return first.message.pk
+
+
+def newer_version(state: dict[str, Any], now: datetime) -> dict[str, Any]:
+    return {
+        "status": "pending",
+        "next_attempt_time": state["scheduled_time"],
+        "attempt_count": 0,
+        "max_attempts": 4,
+        "superseded_at": None,
+        "finished_at": None,
+        "lock_token": None,
+        "payload": {"v": 2},
+        "priority": 2,
+        "updated_at": now,
+    }
+
+
+@pytest.mark.parametrize("op", [op for op in SETTLES if op != "extend"])
+def test_every_end_of_a_superseded_attempt_leaves_the_new_version_due(
+    op: str, fake_clock: FakeClock
+) -> None:
+    pk = superseded_message(fake_clock)
+    token = MESSAGE.state(pk)["lock_token"]
+    now = fake_clock.advance(1)
+
+    assert SETTLES[op](pk, token, MESSAGE) == 1
+
+    state = MESSAGE.state(pk)
+    expected = newer_version(state, now)
+    assert state["scheduled_time"] == now + timedelta(seconds=59)
+    assert subset(state, expected) == expected
+
+
+def test_extending_a_superseded_attempt_keeps_the_new_version_waiting(
+    fake_clock: FakeClock,
+) -> None:
+    pk = superseded_message(fake_clock)
+    before = MESSAGE.state(pk)
+    now = fake_clock.advance(1)
+    assert changes.extend([pk], before["lock_token"], EXTENDED) == {pk}
+    state = MESSAGE.state(pk)
+    assert (state["status"], state["superseded_at"]) == ("running", before["superseded_at"])
+    assert state["next_attempt_time"] == now + EXTENDED
+
+
+def test_releasing_a_dead_workers_superseded_row_leaves_the_new_version_due(
+    fake_clock: FakeClock,
+) -> None:
+    pk = superseded_message(fake_clock)
+    now = fake_clock.advance(1)
+    assert changes.release_workers(["w"]) == {"w": 1}
+    state = MESSAGE.state(pk)
+    expected = newer_version(state, now)
+    assert subset(state, expected) == expected
+
+
+# -- statements compiled once while the clock is the database's ---------------------
+#
+# The claim and the acknowledgement keep their compiled SQL between calls (the
+# tests above replace the clock, which turns that off): what is kept must still
+# follow each call's worker, lease and table.
+
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def test_a_claim_compiled_once_still_takes_each_workers_name_and_lease() -> None:
+    a, b, c = (MESSAGE.add(due=LONG_AGO + timedelta(seconds=i)) for i in range(3))
+    for pk, worker, seconds in ((a, "w1", 30), (b, "w2", 90), (c, "w1", 30)):
+        MESSAGE.claim(1, worker=worker, lease=timedelta(seconds=seconds))
+        state = MESSAGE.state(pk)
+        assert state["locked_by"] == worker
+        assert state["next_attempt_time"] - state["last_attempt_time"] == timedelta(seconds=seconds)
+
+
+def test_an_extension_compiled_once_still_writes_each_lease() -> None:
+    pk = MESSAGE.add(due=LONG_AGO)
+    token = MESSAGE.claim().token
+    leases = []
+    for seconds in (600, 600, 6000):
+        assert changes.extend([pk], token, timedelta(seconds=seconds)) == {pk}
+        leases.append(MESSAGE.state(pk)["next_attempt_time"])
+    assert timedelta(0) <= leases[1] - leases[0] < timedelta(seconds=60)
+    assert timedelta(seconds=5340) < leases[2] - leases[1] < timedelta(seconds=5460)
+
+
+def test_an_acknowledgement_compiled_once_serves_each_table() -> None:
+    for table in (MESSAGE, SHIPMENT, MESSAGE, SHIPMENT):
+        pk = table.add(due=LONG_AGO)
+        token = table.claim().token
+        assert changes.ack([pk], token, model=table.model) == 1
+        assert table.state(pk)["status"] == "succeeded"
+
+
+# -- held_ids, write_payload -------------------------------------------------------
+
+
+def test_held_ids_are_the_ids_still_running_under_the_token(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    a, b, c = table.add(due=at(-3)), table.add(due=at(-2)), table.add(due=at(-1))
+    mine = table.claim(2)
+    table.claim(1)
+    changes.ack([b], mine.token, model=table.model)
+    with CaptureQueriesContext(connection) as queries:
+        held = changes.held_ids([a, b, c], mine.token, model=table.model)
+    assert held == {a}
+    assert not any("FOR UPDATE" in q["sql"].upper() for q in queries)
+
+
+def test_write_payload_replaces_the_payload_of_a_row_still_held(fake_clock: FakeClock) -> None:
+    pk = MESSAGE.add(payload={"call": 1})
+    token = MESSAGE.claim().token
+    now = fake_clock.advance(1)
+
+    assert changes.write_payload(pk, token, {"call": 1, "result": [1, "two"]}) == 1
+    state = MESSAGE.state(pk)
+    assert (state["payload"], state["status"], state["updated_at"]) == (
+        {"call": 1, "result": [1, "two"]},
+        "running",
+        now,
+    )
+    assert changes.write_payload(pk, token, None) == 1
+    assert MESSAGE.state(pk)["payload"] is None  # JSON null: the column is NOT NULL
+
+    assert changes.write_payload(pk, uuid.uuid4(), {"forged": True}) == 0
+    changes.ack([pk], token)
+    assert changes.write_payload(pk, token, {"late": True}) == 0
+    assert MESSAGE.state(pk)["payload"] is None
+
+
+# -- release_workers ---------------------------------------------------------------
+
+
+def test_release_workers_hands_back_only_the_named_workers_running_rows(
+    fake_clock: FakeClock,
+) -> None:
+    dead_1, dead_2 = MESSAGE.add(), MESSAGE.add()
+    dead = MESSAGE.claim(2, worker="dead")
+    alive = MESSAGE.add()
+    MESSAGE.claim(1, worker="alive")
+    finished = MESSAGE.add()
+    MESSAGE.claim(1, worker="dead")
+    waiting = MESSAGE.add(locked_by="dead")  # pending, from an earlier attempt
+    changes.ack([finished], MESSAGE.state(finished)["lock_token"])
+    before = {pk: MESSAGE.state(pk) for pk in (alive, finished, waiting)}
+    now = fake_clock.advance(1)
+
+    released = changes.release_workers(["dead", "gone"])
+
+    assert released == {"dead": 2}
+    for pk in (dead_1, dead_2):
+        state = MESSAGE.state(pk)
+        expected = {
+            "status": "pending",
+            "next_attempt_time": now,
+            "lock_token": None,
+            "attempt_count": 1,  # the attempt was spent
+            "updated_at": now,
+        }
+        assert subset(state, expected) == expected
+    assert {pk: MESSAGE.state(pk) for pk in before} == before
+    # The "dead" worker, if it was only frozen, is fenced off.
+    assert changes.ack([dead_1], dead.token) == 0
+    assert changes.release_workers([]) == {}
+
+
+# -- operators' changes: exactly the rows of the queryset ------------------------------
+
+
+def chosen(table: Table, pks: list[Any]) -> Any:
+    return table.objects().filter(pk__in=pks)
+
+
+def test_run_now_makes_the_querysets_rows_due(table: Table, fake_clock: FakeClock) -> None:
+    a, b, other = table.add(due=at(3600)), table.add(due=at(60)), table.add(due=at(3600))
+    before = table.state(other)
+    now = fake_clock.advance(1)
+
+    assert changes.run_now(chosen(table, [a, b]), now) == 2
+
+    for pk in (a, b):
+        expected = table.expect({"next_attempt_time": now, "updated_at": now, "status": "pending"})
+        assert subset(table.state(pk), expected) == expected
+    assert table.state(other) == before
+
+
+def test_run_now_takes_the_database_clock_as_an_expression(table: Table) -> None:
+    pk = table.add(due=datetime(2999, 1, 1, tzinfo=UTC))
+    before = datetime.now(UTC)
+    assert changes.run_now(chosen(table, [pk]), clock.sql_now()) == 1
+    due = table.state(pk)["next_attempt_time"]
+    assert before - timedelta(seconds=5) <= due <= datetime.now(UTC) + timedelta(seconds=5)
+
+
+def test_retry_sends_the_querysets_rows_back_with_more_attempts(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    finished = {"due": None, "attempt_count": 3, "last_error": "x"}
+    a = table.add(status="failed", **finished)
+    b = table.add(status="cancelled", **finished)
+    other = table.add(status="failed", **finished)
+    if table.has("finished_at"):
+        table.set(a, finished_at=clock.now())
+    before = table.state(other)
+    now = fake_clock.advance(1)
+
+    assert changes.retry(chosen(table, [a, b]), 2, now) == 2
+
+    for pk in (a, b):
+        expected = table.expect(
+            {
+                "status": "pending",
+                "next_attempt_time": now,
+                "max_attempts": 5,
+                "attempt_count": 3,
+                "finished_at": None,
+                "lock_token": None,
+                "superseded_at": None,
+                "updated_at": now,
+            }
+        )
+        assert subset(table.state(pk), expected) == expected
+    assert table.state(other) == before
+
+
+def test_cancel_finishes_the_querysets_rows_and_fences_off_their_worker(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    held = table.add()
+    token = table.claim(1).token
+    waiting = table.add()
+    other = table.add(due=at(1))
+    before = table.state(other)
+    now = fake_clock.advance(1)
+
+    # No condition of its own: the caller chose these rows (a held one too).
+    assert changes.cancel(chosen(table, [waiting, held]), now) == 2
+
+    for pk in (waiting, held):
+        expected = table.expect(
+            {
+                "status": "cancelled",
+                "next_attempt_time": None,
+                "finished_at": now,
+                "lock_token": None,
+                "superseded_at": None,
+                "updated_at": now,
+            }
+        )
+        assert subset(table.state(pk), expected) == expected
+    assert table.state(other) == before
+    assert changes.ack([held], token, model=table.model) == 0
+
+
+def test_cancel_drops_a_waiting_newer_version(fake_clock: FakeClock) -> None:
+    pk = superseded_message(fake_clock)
+    assert changes.cancel(chosen(MESSAGE, [pk]), clock.now()) == 1
+    state = MESSAGE.state(pk)
+    assert (state["status"], state["superseded_at"]) == ("cancelled", None)
+
+
+def test_reschedule_makes_the_querysets_rows_pending_at_the_time(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    a = table.add(status="failed", due=None, attempt_count=2)
+    b = table.add(due=at(5))
+    other = table.add(due=at(5))
+    before = table.state(other)
+    now = fake_clock.advance(1)
+    when = now + timedelta(hours=2)
+
+    assert changes.reschedule(chosen(table, [a, b]), when, now) == 2
+
+    for pk, attempts in ((a, 2), (b, 0)):
+        expected = table.expect(
+            {
+                "status": "pending",
+                "next_attempt_time": when,
+                "attempt_count": attempts,
+                "lock_token": None,
+                "updated_at": now,
+            }
+        )
+        assert subset(table.state(pk), expected) == expected
+    assert table.state(other) == before
+
+
+def test_reprioritise_sets_the_priority_of_the_querysets_rows_only(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    a = table.add()
+    held = table.add()
+    other = table.add(due=at(1))
+    table.claim(1)
+    lease = {pk: table.state(pk)["next_attempt_time"] for pk in (a, held)}
+    before = table.state(other)
+    now = fake_clock.advance(1)
+
+    assert changes.reprioritise(chosen(table, [a, held]), 9, now) == 2
+
+    for pk in (a, held):
+        state = table.state(pk)
+        assert state["priority"] == 9
+        assert state["next_attempt_time"] == lease[pk]  # the lease is untouched
+        if table.has("updated_at"):
+            assert state["updated_at"] == now
+    assert table.state(other) == before
+
+
+def test_delete_removes_the_querysets_rows_and_counts_them(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    a, b, other = table.add(), table.add(status="failed", due=None), table.add()
+    assert changes.delete(chosen(table, [a, b])) == 2
+    assert table.pks() == {other}
+    assert changes.delete(chosen(table, [a])) == 0
+
+
+# -- edit, replace_failed_payload ------------------------------------------------------
+
+
+def test_edit_writes_only_the_named_columns(fake_clock: FakeClock) -> None:
+    pk = MESSAGE.add(payload={"v": 1}, kind="old")
+    message = Message.objects.get(pk=pk)
+    message.payload = {"v": 2}
+    message.kind = "not saved"
+    MESSAGE.set(pk, attempt_count=4)  # a worker's change meanwhile
+    now = fake_clock.advance(1)
+
+    changes.edit(message, ["payload"])
+
+    state = MESSAGE.state(pk)
+    assert (state["payload"], state["kind"], state["attempt_count"], state["updated_at"]) == (
+        {"v": 2},
+        "old",
+        4,
+        now,
+    )
+    before = MESSAGE.state(pk)
+    fake_clock.advance(1)
+    with CaptureQueriesContext(connection) as queries:
+        changes.edit(message, [])
+    assert len(queries) == 0
+    assert MESSAGE.state(pk) == before
+
+
+def test_replace_failed_payload_changes_a_failed_message_only(fake_clock: FakeClock) -> None:
+    failed = MESSAGE.add(status="failed", due=None, payload={"v": 1})
+    pending = MESSAGE.add(payload={"v": 1})
+    now = fake_clock.advance(1)
+
+    assert changes.replace_failed_payload(failed, {"v": 2}, using="default") is True
+    assert changes.replace_failed_payload(pending, {"v": 2}, using="default") is False
+
+    state = MESSAGE.state(failed)
+    assert (state["payload"], state["status"], state["updated_at"]) == ({"v": 2}, "failed", now)
+    assert MESSAGE.state(pending)["payload"] == {"v": 1}
+    assert changes.replace_failed_payload(failed, None, using="default") is True
+    assert MESSAGE.state(failed)["payload"] is None
+
+
+# -- schedule, schedule_row, mark_scheduled (QueueFields models) ---------------------
+
+
+def test_schedule_queues_every_selected_row_but_those_a_worker_holds(
+    fake_clock: FakeClock,
+) -> None:
+    never = SHIPMENT.add(due=None)
+    retrying = SHIPMENT.add(due=at(60), attempt_count=2, last_error="e")
+    held = SHIPMENT.add()
+    SHIPMENT.claim(1)
+    expired = SHIPMENT.add(status="running", due=at(-1), lock_token=uuid.uuid4(), locked_by="w")
+    done = {
+        status: SHIPMENT.add(
+            status=status, due=None, attempt_count=3, last_error="e", last_traceback="t"
+        )
+        for status in FINISHED
+    }
+    other = SHIPMENT.add(due=None)
+    before = {pk: SHIPMENT.state(pk) for pk in (held, other)}
+    when = at(300)
+
+    selected = Shipment.objects.exclude(pk=other)
+    assert changes.schedule(selected, when) == 3 + len(FINISHED)
+
+    queued = {"status": "pending", "next_attempt_time": when, "lock_token": None, "locked_by": ""}
+    for pk in (never, retrying, expired, *done.values()):
+        assert subset(SHIPMENT.state(pk), queued) == queued
+    # An active row keeps its round of attempts; a finished one starts a new one.
+    assert subset(SHIPMENT.state(retrying), {"attempt_count": 2, "last_error": "e"}) == {
+        "attempt_count": 2,
+        "last_error": "e",
+    }
+    for pk in done.values():
+        restarted = {"attempt_count": 0, "last_error": "", "last_traceback": ""}
+        assert subset(SHIPMENT.state(pk), restarted) == restarted
+    assert {pk: SHIPMENT.state(pk) for pk in before} == before
+
+
+def test_schedule_row_saves_a_new_row_whole() -> None:
+    row = Shipment(reference="new")
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    assert changes.schedule_row(row, when, using="default") is True
+    state = SHIPMENT.state(row.pk)
+    assert subset(state, {"reference": "new", "status": "pending", "next_attempt_time": when}) == {
+        "reference": "new",
+        "status": "pending",
+        "next_attempt_time": when,
+    }
+
+
+def test_schedule_row_writes_only_the_queue_columns_of_an_existing_row(
+    fake_clock: FakeClock,
+) -> None:
+    pk = SHIPMENT.add(status="succeeded", due=None, attempt_count=3, last_error="e")
+    row = Shipment.objects.get(pk=pk)
+    row.reference = "not saved"
+    when = at(60)
+
+    assert changes.schedule_row(row, when, using="default") is True
+
+    state = SHIPMENT.state(pk)
+    assert state["reference"] != "not saved"
+    expected = {"status": "pending", "next_attempt_time": when, "attempt_count": 0}
+    assert subset(state, expected) == expected
+    assert (row.status, row.next_attempt_time, row.attempt_count) == ("pending", when, 0)
+
+
+def test_schedule_row_refuses_a_row_a_worker_holds_or_that_is_gone(
+    fake_clock: FakeClock,
+) -> None:
+    pk = SHIPMENT.add()
+    SHIPMENT.claim()
+    row = Shipment.objects.get(pk=pk)
+    before = SHIPMENT.state(pk)
+
+    assert changes.schedule_row(row, at(60), using="default") is False
+    assert SHIPMENT.state(pk) == before
+    assert row.status == "running"  # the instance is left as it was read
+
+    Shipment.objects.filter(pk=pk).delete()
+    assert changes.schedule_row(row, at(60), using="default") is False
+
+
+def test_mark_scheduled_restarts_a_finished_row_and_keeps_an_active_rows_attempts() -> None:
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    finished = Shipment(status="failed", attempt_count=3, last_error="e", locked_by="w")
+    changes.mark_scheduled(finished, when)
+    assert (finished.status, finished.attempt_count, finished.last_error) == ("pending", 0, "")
+    assert (finished.next_attempt_time, finished.locked_by, finished.lock_token) == (when, "", None)
+
+    retrying = Shipment(status="pending", attempt_count=2, last_error="e")
+    changes.mark_scheduled(retrying, when)
+    assert (retrying.attempt_count, retrying.last_error) == (2, "e")
+    assert finished.pk is None  # nothing was saved
+
+
+# -- prune -------------------------------------------------------------------------------
+
+
+def finished_message(status: str, finished_at: datetime, queue: str = "q") -> int:
+    return MESSAGE.add(status=status, due=None, finished_at=finished_at, queue=queue)
+
+
+def test_prune_deletes_finished_rows_that_finished_before_the_cutoff_only(
+    fake_clock: FakeClock,
+) -> None:
+    cutoff = at(-3600)
+    old = {finished_message(status, cutoff - timedelta(seconds=1)) for status in FINISHED}
+    kept = {
+        finished_message("succeeded", cutoff),  # at the cutoff: not before it
+        finished_message("failed", at(0)),
+        MESSAGE.add(finished_at=cutoff - timedelta(days=1)),  # pending: not finished
+        MESSAGE.add(status="running", finished_at=cutoff - timedelta(days=1)),
+    }
+
+    assert changes.prune(cutoff, batch_size=100) == len(old)
+    assert MESSAGE.pks() == kept
+
+
+def test_prune_deletes_in_batches_up_to_max_batches(fake_clock: FakeClock) -> None:
+    cutoff = at(0)
+    for _ in range(5):
+        finished_message("succeeded", at(-10))
+
+    with CaptureQueriesContext(connection) as queries:
+        assert changes.prune(cutoff, batch_size=2, max_batches=2) == 4
+    assert len(MESSAGE.pks()) == 1
+    deletes = [q for q in queries if q["sql"].lstrip().upper().startswith("DELETE")]
+    assert len(deletes) == 2
+
+    assert changes.prune(cutoff, batch_size=2) == 1
+    assert MESSAGE.pks() == set()
+    assert changes.prune(cutoff, batch_size=2) == 0
+
+
+def test_prune_deletes_only_the_given_queues(fake_clock: FakeClock) -> None:
+    a = finished_message("succeeded", at(-10), queue="a")
+    b = finished_message("succeeded", at(-10), queue="b")
+    c = finished_message("succeeded", at(-10), queue="c")
+    assert changes.prune(at(0), batch_size=10, queues=["a", "c"]) == 2
+    assert MESSAGE.pks() == {b}
+    assert a not in MESSAGE.pks() and c not in MESSAGE.pks()
+
+
+# -- the archive's delete (Spark pipeline: PostgreSQL and SQLite) ---------------------
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(moment: datetime | None) -> int | None:
+    return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def archived(pk: int) -> tuple[Any, ...]:
+    s = MESSAGE.state(pk)
+    return (pk, s["status"], s["attempt_count"], micros(s["updated_at"]), micros(s["finished_at"]))
+
+
+@pytest.fixture
+def archive_rows(fake_clock: FakeClock) -> dict[str, tuple[Any, ...]]:
+    """Finished rows as the archive read them, and how each changed since."""
+    if not can().pipeline:
+        pytest.skip("the archive runs on the pipeline's databases only")
+    rows = {}
+    for name in ("same", "updated", "retried", "other_attempt"):
+        pk = finished_message("succeeded", at(-60))
+        MESSAGE.set(pk, updated_at=at(-60), attempt_count=1)
+        rows[name] = archived(pk)
+    MESSAGE.set(rows["updated"][0], updated_at=at(0))
+    MESSAGE.set(rows["retried"][0], status="pending", finished_at=None, next_attempt_time=at(0))
+    MESSAGE.set(rows["other_attempt"][0], attempt_count=2)
+    return rows
+
+
+def test_archived_delete_deletes_only_rows_still_at_their_archived_version(
+    archive_rows: dict[str, tuple[Any, ...]],
+) -> None:
+    statements = changes.archived_delete(connection)
+    ids = [row[0] for row in archive_rows.values()]
+    with connection.cursor() as cursor:
+        if can().array_parameters:
+            assert set(statements) == {"delete_sql", "count_sql"}
+            columns = [list(column) for column in zip(*archive_rows.values(), strict=True)]
+            cursor.execute(statements["delete_sql"], columns)
+            assert cursor.rowcount == 1
+            cursor.execute(statements["count_sql"], [ids])
+            assert cursor.fetchone()[0] == 3
+        else:
+            # SQLite: the current versions are read, compared by the caller,
+            # and the matching ids deleted.
+            assert set(statements) == {"delete_sql", "select_sql"}
+            cursor.execute(statements["select_sql"], [json_ids(ids)])
+            current = {row[0]: row for row in cursor.fetchall()}
+            assert set(current) == set(ids)
+            assert current[archive_rows["retried"][0]][1] == "pending"
+            cursor.execute(statements["delete_sql"], [json_ids([archive_rows["same"][0]])])
+            assert cursor.rowcount == 1
+    assert MESSAGE.pks() == set(ids) - {archive_rows["same"][0]}
+
+
+def json_ids(ids: list[int]) -> str:
+    return "[" + ",".join(str(i) for i in ids) + "]"
+
+
+# -- cron ticks: delete_ticks, cancel_ticks ---------------------------------------------
+
+
+@pytest.fixture
+def ticks(fake_clock: FakeClock) -> dict[str, int]:
+    rows = {
+        "untouched": MESSAGE.add(due=at(60)),
+        "attempted": MESSAGE.add(due=at(60), attempt_count=1),
+        "running": MESSAGE.add(),
+        "finished": MESSAGE.add(status="succeeded", due=None),
+        "not_asked": MESSAGE.add(due=at(60)),
+    }
+    MESSAGE.claim(1)
+    assert MESSAGE.state(rows["running"])["status"] == "running"
+    return rows
+
+
+def test_delete_ticks_deletes_only_pending_never_attempted_rows(ticks: dict[str, int]) -> None:
+    asked = [pk for name, pk in ticks.items() if name != "not_asked"]
+    assert changes.delete_ticks(asked, using="default") == 1
+    assert MESSAGE.pks() == set(ticks.values()) - {ticks["untouched"]}
+    with CaptureQueriesContext(connection) as queries:
+        assert changes.delete_ticks([], using="default") == 0
+    assert len(queries) == 0
+
+
+def test_cancel_ticks_cancels_only_pending_never_attempted_rows(
+    ticks: dict[str, int], fake_clock: FakeClock
+) -> None:
+    before = MESSAGE.states()
+    asked = [pk for name, pk in ticks.items() if name != "not_asked"]
+    now = fake_clock.advance(1)
+
+    assert changes.cancel_ticks(asked, reason="missed", now=now, using="default") == 1
+
+    expected = {
+        "status": "cancelled",
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": "missed",
+    }
+    assert subset(MESSAGE.state(ticks["untouched"]), expected) == expected
+    after = MESSAGE.states()
+    del after[ticks["untouched"]], before[ticks["untouched"]]
+    assert after == before
+    assert changes.cancel_ticks([], reason="missed", now=now, using="default") == 0

@@ -1,0 +1,426 @@
+"""The contract of ``store/queries.py``: each verb returns what its docstring says.
+
+The queue's verbs (``QueueQuerySet``) run on ``Message`` and on the
+``QueueFields`` model; the per-queue figures (``MessageQuerySet``) on
+``Message``. The rows sit at fixed times around a fixed "now", so that the
+per-minute figures fall in known minutes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_delayq.models import Message
+from django_delayq.status import Status
+from django_delayq.store import queries
+from django_delayq.store.queries import distinct_values, estimated_count
+from tests.conftest import FakeClock
+from tests.store.tables import Table, can
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2030, 1, 1, 12, 0, 30, tzinfo=UTC)
+FP1, FP2 = "f" * 32, "e" * 32
+
+
+def t(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def now(fake_clock: FakeClock) -> datetime:
+    fake_clock.current = NOW
+    return NOW
+
+
+def add_rows(table: Table) -> dict[str, Any]:
+    """One row of every kind the verbs tell apart (queue "a" or "b" where there is one)."""
+    queue_a = {"queue": "a"} if table.has("queue") else {}
+    queue_b = {"queue": "b"} if table.has("queue") else {}
+
+    def finished(status: str, seconds: float, **fields: Any) -> dict[str, Any]:
+        out = {"status": status, "due": None, **fields}
+        if table.has("finished_at"):
+            out["finished_at"] = t(seconds)
+        return out
+
+    def failing(fingerprint: str) -> dict[str, Any]:
+        return {"error_fingerprint": fingerprint} if table.has("error_fingerprint") else {}
+
+    specs: dict[str, dict[str, Any]] = {
+        "pending_due": {"due": t(-10), "locked_by": "w1", **queue_a},
+        "pending_now": {"due": t(0), **queue_a},
+        "pending_later": {"due": t(60), **queue_a},
+        "pending_null": {"due": None, **queue_b},
+        "retrying": {
+            "due": t(30),
+            "attempt_count": 1,
+            "last_error": "x",
+            "last_attempt_time": t(-5),
+            **failing(FP1),
+            **queue_a,
+        },
+        "released": {"due": t(5), "attempt_count": 1, **queue_a},  # no error recorded
+        "retrying_due": {
+            "due": t(-1),
+            "attempt_count": 2,
+            "last_attempt_time": t(-50),
+            **failing(FP1),
+            **queue_b,
+        },
+        "held": {
+            "status": "running",
+            "due": t(30),
+            "attempt_count": 1,
+            "locked_by": "w1",
+            "lock_token": uuid.uuid4(),
+            **queue_a,
+        },
+        "expired": {
+            "status": "running",
+            "due": t(-1),
+            "attempt_count": 1,
+            "locked_by": "w2",
+            "lock_token": uuid.uuid4(),
+            **queue_b,
+        },
+        "succeeded_old": finished("succeeded", -120, locked_by="w1", **queue_a),
+        "succeeded_recent": finished("succeeded", -5, **queue_a),
+        "failed": finished("failed", -30, last_attempt_time=t(-31), **failing(FP1), **queue_b),
+        "failed_a": finished("failed", -61, last_attempt_time=t(-62), **failing(FP2), **queue_a),
+        "cancelled": finished("cancelled", -10, **queue_a),
+    }
+    return {name: table.add(**spec) for name, spec in specs.items()}
+
+
+def names(rows: dict[str, Any], found: Any) -> set[str]:
+    pks = set(found.values_list("pk", flat=True))
+    return {name for name, pk in rows.items() if pk in pks}
+
+
+# -- the queue's verbs, on both kinds of table ----------------------------------------
+
+
+def test_the_state_verbs_select_their_rows(table: Table, now: datetime) -> None:
+    rows = add_rows(table)
+    objects = table.model.objects
+
+    assert names(rows, objects.active()) == {
+        "pending_due",
+        "pending_now",
+        "pending_later",
+        "pending_null",
+        "retrying",
+        "released",
+        "retrying_due",
+        "held",
+        "expired",
+    }
+    assert names(rows, objects.due()) == {"pending_due", "pending_now", "retrying_due", "expired"}
+    assert names(rows, objects.due(t(30))) == names(rows, objects.due()) | {
+        "retrying",
+        "released",
+        "held",
+    }
+    assert names(rows, objects.held()) == {"held"}
+    assert names(rows, objects.held(t(-2))) == {"held", "expired"}
+    assert names(rows, objects.finished()) == {
+        "succeeded_old",
+        "succeeded_recent",
+        "failed",
+        "failed_a",
+        "cancelled",
+    }
+    assert names(rows, objects.retrying()) == {"retrying", "released", "retrying_due"}
+    # Running rows of these workers, whatever their lease; not a pending or finished
+    # row that a worker once held.
+    assert names(rows, objects.held_by(["w1"])) == {"held"}
+    assert names(rows, objects.held_by(["w1", "w2", "w3"])) == {"held", "expired"}
+    assert names(rows, objects.held_by([])) == set()
+
+
+def test_next_due_is_the_earliest_due_time_of_the_active_rows(table: Table, now: datetime) -> None:
+    assert table.model.objects.next_due() is None
+    table.add(status="failed", due=t(-3600))  # finished: not waited for
+    table.add(due=None)
+    assert table.model.objects.next_due() is None
+    table.add(due=t(60))
+    table.add(status="running", due=t(20), lock_token=uuid.uuid4())
+    assert table.model.objects.next_due() == t(20)
+
+
+def test_categorised_counts_each_row_in_its_category(table: Table, now: datetime) -> None:
+    add_rows(table)
+    assert table.model.objects.categorised() == {
+        "pending_due": 3,
+        "pending_later": 4,
+        "running": 1,
+        "lease_expired": 1,
+        "succeeded": 2,
+        "failed": 2,
+        "cancelled": 1,
+    }
+
+
+def test_the_categories_are_disjoint_and_cover_every_row(table: Table, now: datetime) -> None:
+    for status in Status.values:
+        for due in (None, t(-1), t(0), t(1)):
+            table.add(status=status, due=due)
+    conditions = queries.categories()
+    objects = table.model.objects
+    for pk in table.pks():
+        matching = [name for name, q in conditions.items() if objects.filter(q, pk=pk).exists()]
+        assert len(matching) == 1, (table.state(pk), matching)
+    counts = objects.categorised()
+    assert sum(counts.values()) == len(table.pks())
+    assert all(counts[name] for name in counts)  # each category holds a row
+
+
+def test_categories_are_judged_on_the_given_clock(table: Table, now: datetime) -> None:
+    table.add(status="running", due=t(10), lock_token=uuid.uuid4())
+    assert table.model.objects.categorised()["running"] == 1
+    later = table.model.objects.categorised(t(10))
+    assert (later["running"], later["lease_expired"]) == (0, 1)
+
+
+# -- Message's verbs -----------------------------------------------------------------------
+
+
+def message_rows() -> dict[str, Any]:
+    return add_rows(Table(Message))
+
+
+def test_expired_is_finished_before_the_cutoff(now: datetime) -> None:
+    rows = message_rows()
+    assert names(rows, Message.objects.expired(t(-30))) == {"succeeded_old", "failed_a"}
+
+
+def test_in_queues_narrows_to_the_queues_given_and_none_means_every_queue(
+    now: datetime,
+) -> None:
+    rows = message_rows()
+    assert names(rows, Message.objects.in_queues(None)) == set(rows)
+    assert names(rows, Message.objects.in_queues([])) == set(rows)
+    b_rows = {"pending_null", "retrying_due", "expired", "failed"}
+    assert names(rows, Message.objects.in_queues(["b"])) == b_rows
+    assert names(rows, Message.objects.in_queues(["b", "c"])) == b_rows
+
+
+def test_failing_is_failed_or_retrying_after_a_recorded_error(now: datetime) -> None:
+    rows = message_rows()
+    Message.objects.filter(pk=rows["cancelled"]).update(error_fingerprint=FP1)
+    assert names(rows, Message.objects.failing()) == {
+        "failed",
+        "failed_a",
+        "retrying",
+        "retrying_due",
+    }
+
+
+def test_untouched_is_pending_and_never_attempted(now: datetime) -> None:
+    rows = message_rows()
+    assert names(rows, Message.objects.untouched()) == {
+        "pending_due",
+        "pending_now",
+        "pending_later",
+        "pending_null",
+    }
+
+
+def test_ticks_are_the_active_rows_of_the_queues_whose_key_starts_with_the_prefix(
+    now: datetime,
+) -> None:
+    table = Table(Message)
+    wanted = {
+        table.add(queue="a", key="cron:job:1"),
+        table.add(queue="b", key="cron:job:2", status="running", lock_token=uuid.uuid4()),
+    }
+    table.add(queue="a", key="cron:job:3", status="succeeded", due=None)
+    table.add(queue="a", key="cron:other:1")
+    table.add(queue="c", key="cron:job:4")
+    table.add(queue="a", key="x-cron:job:5")
+    found = Message.objects.ticks(["b", "a", "a"], "cron:job:")
+    assert set(found.values_list("pk", flat=True)) == wanted
+
+
+# -- per-queue figures ----------------------------------------------------------------------
+
+
+def test_depth_by_queue_counts_the_active_rows_per_queue(now: datetime) -> None:
+    message_rows()
+    assert Message.objects.depth_by_queue(NOW) == {
+        "a": {
+            "pending": 5,
+            "running": 1,
+            "due": 2,
+            "scheduled": 1,
+            "retrying": 2,
+            "leased": 1,
+            "oldest_due": t(-10),
+        },
+        "b": {
+            "pending": 2,
+            "running": 1,
+            "due": 2,
+            "scheduled": 0,
+            "retrying": 0,
+            "leased": 0,
+            "oldest_due": t(-1),
+        },
+    }
+
+
+def test_failed_by_queue_counts_failed_rows_per_queue(now: datetime) -> None:
+    message_rows()
+    assert Message.objects.failed_by_queue() == {"a": 1, "b": 1}
+
+
+def test_finished_by_queue_counts_the_long_and_the_short_window(now: datetime) -> None:
+    message_rows()
+    zero = dict.fromkeys(
+        ("succeeded_short", "failed_short", "succeeded_long", "failed_long", "cancelled_long"), 0
+    )
+    assert Message.objects.finished_by_queue(since=t(-100), recent=t(-20)) == {
+        "a": zero
+        | {"succeeded_short": 1, "succeeded_long": 1, "failed_long": 1}
+        | {"cancelled_long": 1},
+        "b": zero | {"failed_long": 1},
+    }
+
+
+def test_finished_per_minute_counts_successes_and_failures_per_utc_minute(
+    now: datetime,
+) -> None:
+    message_rows()
+    noon = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+    assert Message.objects.finished_per_minute(since=t(-100)) == {
+        (noon, "succeeded"): 1,  # 12:00:25
+        (noon, "failed"): 1,  # 12:00:00
+        (noon - timedelta(minutes=1), "failed"): 1,  # 11:59:29
+    }
+    assert queries.minute(datetime(2030, 1, 1, 13, 0, 59, 999999, tzinfo=UTC)) == datetime(
+        2030, 1, 1, 13, 0, tzinfo=UTC
+    )
+
+
+def test_totals_by_queue_counts_every_status_per_queue_in_queue_order(now: datetime) -> None:
+    message_rows()
+    assert Message.objects.totals_by_queue(NOW) == [
+        {
+            "queue": "a",
+            "due": 2,
+            "scheduled": 1,
+            "retrying": 2,
+            "running": 1,
+            "failed": 1,
+            "succeeded": 2,
+            "cancelled": 1,
+            "oldest_due": t(-10),
+        },
+        {
+            "queue": "b",
+            "due": 2,
+            "scheduled": 0,
+            "retrying": 0,
+            "running": 0,
+            "failed": 1,
+            "succeeded": 0,
+            "cancelled": 0,
+            "oldest_due": t(-1),
+        },
+    ]
+
+
+def test_failure_groups_group_failing_rows_by_fingerprint_and_queue(now: datetime) -> None:
+    rows = message_rows()
+    groups = {
+        (g.pop("error_fingerprint"), g.pop("queue")): g for g in Message.objects.failure_groups()
+    }
+    assert groups == {
+        (FP1, "a"): {
+            "failed": 0,
+            "retrying": 1,
+            "first_seen": t(-5),
+            "last_seen": t(-5),
+            "sample_id": rows["retrying"],
+        },
+        (FP1, "b"): {
+            "failed": 1,
+            "retrying": 1,
+            "first_seen": t(-50),
+            "last_seen": t(-31),
+            "sample_id": max(rows["failed"], rows["retrying_due"]),
+        },
+        (FP2, "a"): {
+            "failed": 1,
+            "retrying": 0,
+            "first_seen": t(-62),
+            "last_seen": t(-62),
+            "sample_id": rows["failed_a"],
+        },
+    }
+
+
+def test_created_bounds_are_read_off_the_first_and_the_last_row(now: datetime) -> None:
+    assert Message.objects.created_bounds() is None
+    table = Table(Message)
+    first = table.add(created_at=t(-300))
+    table.add(created_at=t(-900))  # between them by id: not read
+    table.add(created_at=t(-60))
+    assert Message.objects.created_bounds() == (t(-300), t(-60))
+    Message.objects.filter(pk=first).update(created_at=t(0))
+    # Bounds, whichever of the two is older.
+    assert Message.objects.created_bounds() == (t(-60), t(0))
+
+
+# -- cheap figures for big tables ----------------------------------------------------------
+
+
+def test_distinct_values_lists_each_queue_or_kind_once_in_order(now: datetime) -> None:
+    table = Table(Message)
+    for queue, kind in (("b", ""), ("a", "y"), ("c", "x"), ("a", "x"), ("b", "y")):
+        table.add(queue=queue, kind=kind)
+    assert distinct_values("queue") == ["a", "b", "c"]
+    assert distinct_values("queue", limit=2) == ["a", "b"]
+    assert distinct_values("kind") == ["x", "y"]  # the empty kind is left out
+    assert distinct_values("kind", using="default") == ["x", "y"]
+
+
+def test_distinct_values_of_an_empty_table_is_empty() -> None:
+    assert distinct_values("queue") == []
+    assert distinct_values("kind") == []
+
+
+def test_distinct_values_refuses_other_columns() -> None:
+    with pytest.raises(ValueError, match="column must be one of"):
+        distinct_values("status")
+    with pytest.raises(ValueError):
+        distinct_values("queue; DROP TABLE x")
+
+
+# Transactional: MariaDB's ANALYZE TABLE commits the open transaction.
+@pytest.mark.django_db(transaction=True)
+def test_estimated_count_is_the_databases_own_estimate(now: datetime) -> None:
+    table = Table(Message)
+    for _ in range(7):
+        table.add()
+    with connection.cursor() as cursor:
+        if can().row_estimate is None:
+            assert estimated_count() is None  # SQLite keeps no estimate
+            return
+        name = connection.ops.quote_name(Message._meta.db_table)
+        cursor.execute(
+            f"ANALYZE {name}" if can().row_estimate == "pg_class" else f"ANALYZE TABLE {name}"
+        )
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    estimate = estimated_count()
+    if can().row_estimate == "pg_class":
+        assert estimate == 7  # a small table is read whole by ANALYZE
+    else:
+        assert estimate is None or (isinstance(estimate, int) and estimate >= 0)
