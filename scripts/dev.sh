@@ -152,7 +152,7 @@ VENV_DJ6="${VENV_DJ6:-.venv-dj6}"
 # Django's own changes and deprecations (warnings are errors).
 DJ6_TESTS=(
   tests/integration/test_tasks_backend.py tests/process/test_tasks_processes.py
-  tests/unit tests/integration/test_enqueue.py tests/integration/test_worker.py
+  tests/unit tests/store tests/integration/test_enqueue.py tests/integration/test_worker.py
   tests/admin/test_changelist.py
 )
 

@@ -336,7 +336,10 @@ def _update_held(
     alias = _db(using, model)
     connection = connections[alias]
     can = features(connection)
-    if returning and not can.returning:
+    locks = connection.features.has_select_for_update
+    if (returning and not can.returning) or (
+        skip_locked and locks and not can.skip_locked_subquery
+    ):
         # MariaDB/MySQL: lock the rows still held (skipping those another
         # transaction holds, if asked), then change exactly those.
         with transaction.atomic(using=alias):
@@ -346,7 +349,7 @@ def _update_held(
             mine = set(held.select_for_update(skip_locked=skip_locked).values_list("pk", flat=True))
             if mine:
                 _update_held(mine, token, changes, using=alias, model=model, same_as=same_as)
-        return mine
+        return mine if returning else len(mine)
     sql, set_params = _set_clause(model, alias, changes, same_as)
     quoted = _quoted(model, connection, "pk", "lock_token", "status")
     if can.array_parameters:
