@@ -5,6 +5,10 @@ Real claims on the test database, the framework's own ``@task``/``enqueue``/
 tests/process/test_tasks_processes.py.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timedelta
 
 import pytest
@@ -19,6 +23,7 @@ from django_delayq.backends import TASK_KIND, DelayQBackend, TaskCancelled, Task
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
 from django_delayq.store import changes
+from tests.conftest import ROOT
 from tests.json_values import JSON_VALUES, exact
 from tests.testapp.models import Effect, Execution
 from tests.testapp.tasks import (
@@ -403,3 +408,41 @@ def test_enqueue_refuses_queue_names_delayq_cannot_hold():
     object.__setattr__(bad, "queue_name", "not a queue")
     with pytest.raises(InvalidTask, match="may only hold"):
         backend.validate_task(bad)
+
+
+NO_APP_SETTINGS = """
+    import importlib.util
+
+    SECRET_KEY = "not-secret"
+    USE_TZ = True
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth"]
+    TASKS = {"default": {"BACKEND": "django_delayq.backends.DelayQBackend", "QUEUES": ["default"]}}
+    if importlib.util.find_spec("django.tasks"):
+        # Django 6 registers the framework's checks when django.tasks is
+        # imported, as a project's code that defines tasks does.
+        import django.tasks  # noqa: F401
+    else:
+        INSTALLED_APPS.append("django_tasks")
+"""
+
+
+def test_check_reports_e040_when_django_delayq_is_not_installed(tmp_path):
+    (tmp_path / "no_delayq_settings.py").write_text(textwrap.dedent(NO_APP_SETTINGS))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "no_delayq_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "django_delayq.E040" in done.stderr
+    assert "TASKS['default'] uses DelayQBackend but django_delayq is not installed" in done.stderr
