@@ -35,6 +35,7 @@ that names the backend without installing the app gets the check
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from datetime import datetime
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,22 @@ else:
 __all__ = ["TASK_KIND", "DelayQBackend", "TaskCancelled", "TaskLost", "run_task"]
 
 logger = logging.getLogger("django_delayq.tasks")
+
+# The framework logs every finished task from its own receiver of
+# ``task_finished`` (an error for a failed one, with the traceback at hand).
+# The worker has logged a failed message already, with the traceback and
+# delayq's fields: while ``task_finished`` is sent for one, the framework's
+# error line is dropped, so a failed task is one line in the log.
+_worker_logged_failure: ContextVar[bool] = ContextVar("worker_logged_failure", default=False)
+FRAMEWORK_LOGGERS = ("django.tasks", "django_tasks")  # Django 6, the backport
+
+
+class _FailureLoggedByWorker(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not _worker_logged_failure.get()
+
+
+_failure_logged_by_worker = _FailureLoggedByWorker()
 
 #: The ``kind`` of every task message: it selects :func:`run_task` in the registry.
 TASK_KIND = "django.tasks"
@@ -449,6 +466,7 @@ def _send_task_finished(sender: Any, message: Message, using: str, **kwargs: Any
     """
     if message.kind != TASK_KIND:
         return
+    from django_delayq import signals
     from django_delayq.models import Message
 
     row = Message.objects.using(using).filter(pk=message.pk).first()
@@ -456,7 +474,14 @@ def _send_task_finished(sender: Any, message: Message, using: str, **kwargs: Any
         return
     result = to_task_result(row)
     backend = type(result.task.get_backend())
-    for receiver, response in task_finished.send_robust(backend, task_result=result):
+    # message_failed: the worker logged the failure (an error, with the
+    # traceback). A discarded task is logged by the framework alone.
+    logged = _worker_logged_failure.set(kwargs.get("signal") is signals.message_failed)
+    try:
+        responses = task_finished.send_robust(backend, task_result=result)
+    finally:
+        _worker_logged_failure.reset(logged)
+    for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(
                 "task_finished receiver %r raised for task %s",
@@ -471,3 +496,5 @@ def _connect_outcome_signals() -> None:
 
     for signal in (signals.message_succeeded, signals.message_failed, signals.message_discarded):
         signal.connect(_send_task_finished, dispatch_uid="django_delayq.backends.task_finished")
+    for name in FRAMEWORK_LOGGERS:
+        logging.getLogger(name).addFilter(_failure_logged_by_worker)

@@ -63,6 +63,9 @@ def test_json_formatter_writes_the_fields_of_every_outcome(delayq, json_log):
     failed = by[(doomed.pk, "failed")]
     assert (failed["levelname"], failed["queue"], failed["attempt"]) == ("ERROR", "other", 2)
     assert "log-doomed" in failed["message"]
+    # The final failure carries the last attempt's traceback; a retry does not.
+    assert failed["exc_info"].startswith("Traceback")
+    assert "exc_info" not in by[(doomed.pk, "retrying")]
     assert by[(bad.pk, "discarded")]["levelname"] == "INFO"
 
 

@@ -5,6 +5,7 @@ Real claims on the test database, the framework's own ``@task``/``enqueue``/
 tests/process/test_tasks_processes.py.
 """
 
+import logging
 import os
 import subprocess
 import sys
@@ -45,6 +46,10 @@ from tests.testapp.tasks import (
     task_enqueued,
     task_finished,
     task_started,
+)
+
+TASKS_LOGGER = (
+    "django.tasks" if task_backends.__module__.startswith("django.tasks") else "django_tasks"
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -195,6 +200,38 @@ def test_task_exception_is_a_failed_result_with_class_and_traceback(run_worker):
         failed.return_value  # noqa: B018
     message = Message.objects.get(pk=int(result.id))
     assert message.status == "failed" and "TaskBoom: the fuse was short" in message.last_error
+
+
+def test_a_failed_task_is_one_error_line_with_its_traceback(run_worker, caplog):
+    # The framework logs every finished task from its own receiver; for a
+    # failed one the worker's line (with delayq's fields) is the only one.
+    caplog.set_level(logging.INFO, logger=TASKS_LOGGER)
+    result = explode.enqueue("the fuse was short")
+    run_worker(["default"])
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.name for r in errors] == ["django_delayq.worker"], [r.getMessage() for r in errors]
+    [line] = errors
+    assert f"message {result.id} " in line.getMessage()
+    assert "TaskBoom: the fuse was short" in line.getMessage()
+    assert line.exc_info is not None and line.exc_info[0] is TaskBoom
+    assert "the fuse was short" in caplog.text and "Traceback" in caplog.text
+    assert (line.message_id, line.queue, line.kind, line.attempt, line.outcome) == (
+        int(result.id),
+        "default",
+        TASK_KIND,
+        1,
+        "failed",
+    )
+    # A task that succeeds is still the framework's to log (INFO), and so is
+    # a discarded one (the worker logs a discard at INFO): one error line.
+    ok = add.enqueue(1, 2)
+    discarded = give_up.enqueue("no recipient")
+    caplog.clear()
+    run_worker(["default"])
+    assert any(ok.id in r.getMessage() and "SUCCESSFUL" in r.getMessage() for r in caplog.records)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.name) for r in errors] == [(logging.ERROR, TASKS_LOGGER)]
+    assert f"id={discarded.id} " in errors[0].getMessage()
 
 
 def test_async_task_runs_and_aget_result_reads_it(run_worker):
