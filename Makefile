@@ -13,6 +13,8 @@ test:
 suite:
 	scripts/dev.sh suite
 
+# Installs only what the example project needs (Django, the app, django-environ,
+# django-tasks on Django 5.2): no Spark, browser, linters or MariaDB driver.
 demo:
 	scripts/dev.sh demo
 

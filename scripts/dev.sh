@@ -13,8 +13,14 @@
 #                          .venv-dj6, checks plus the Tasks backend and a core smoke subset
 #   scripts/dev.sh demo    run the example project on its SQLite default
 #
-# Works on a fresh Debian machine with Python 3.11+: what is missing (the
-# venv module, a PostgreSQL server) is installed when running as root.
+# Works on a fresh Debian machine with Python 3.11+: what is missing is
+# installed with apt when running as root (or through sudo). `demo` installs
+# into .venv only what the example project needs (Django, the app,
+# django-environ, django-tasks), and from apt at most python3-venv; `test`
+# and `venv` install every extra (pyspark, playwright, mypy, mysqlclient, ...)
+# and from apt python3-venv, libmariadb-dev, pkg-config, chromium,
+# chromium-driver, a Java 17 runtime, the PostgreSQL and SQLite JDBC
+# drivers, and PostgreSQL when no server answers (scripts/ensure-postgres.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -233,6 +239,8 @@ case "${1:-}" in
   suite) shift; run_suite "$@" ;;
   dist) ensure_venv dist; run_dist ;;
   django6) run_django6 ;;
-  demo) ensure_full_venv; scripts/demo.sh "$PY" ;;
+  # The example project runs on SQLite: Django, the app, django-environ and
+  # (on Django 5.2) django-tasks, nothing else.
+  demo) ensure_venv example; scripts/demo.sh "$PY" ;;
   *) echo "usage: $0 venv|test|suite|dist|django6|demo" >&2; exit 2 ;;
 esac
