@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo suite django6 screenshots bench bench-admin bench-pipeline chaos soak
+.PHONY: venv test demo dist suite django6 screenshots bench bench-admin bench-pipeline chaos soak
 
 venv:
 	scripts/dev.sh venv
@@ -13,8 +13,15 @@ test:
 suite:
 	scripts/dev.sh suite
 
+# Installs only what the example project needs (Django, the app, django-environ,
+# django-tasks on Django 5.2): no Spark, browser, linters or MariaDB driver.
 demo:
 	scripts/dev.sh demo
+
+# The sdist and the wheel in dist/, checked (twine check, contents, a fresh
+# install of the wheel); make test runs it too.
+dist:
+	scripts/dev.sh dist
 
 # The matrix's Python 3.12 + Django 6.x leg alone (make test runs it after the suite).
 django6:

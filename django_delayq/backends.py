@@ -25,11 +25,17 @@ outside Django's range (from the admin) reads back clamped to it.
 
 Works with ``django.tasks`` (Django 6) and with the ``django-tasks`` backport
 (Django 5.2), whichever is importable, ``django.tasks`` first.
+
+This module imports nothing that needs ``django_delayq`` in ``INSTALLED_APPS``
+(the models, the registry, the store) until it is used, so that a project
+that names the backend without installing the app gets the check
+``django_delayq.E040`` from ``manage.py check`` instead of a crash at import.
 """
 
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from datetime import datetime
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any
@@ -41,15 +47,7 @@ from django.db import router, transaction
 from django.utils.module_loading import import_string
 
 from django_delayq.exceptions import DelayQError, Retry
-from django_delayq.models import Message
 from django_delayq.payload import encode_payload
-from django_delayq.registry import (
-    HandlerSpec,
-    registry,
-    validate_max_attempts,
-    validate_queue_name,
-)
-from django_delayq.store import changes
 
 if TYPE_CHECKING:
     from django.tasks.backends.base import BaseTaskBackend
@@ -65,6 +63,8 @@ if TYPE_CHECKING:
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
+
+    from django_delayq.models import Message
 else:
     try:
         from django.tasks.backends.base import BaseTaskBackend
@@ -108,6 +108,22 @@ __all__ = ["TASK_KIND", "DelayQBackend", "TaskCancelled", "TaskLost", "run_task"
 
 logger = logging.getLogger("django_delayq.tasks")
 
+# The framework logs every finished task from its own receiver of
+# ``task_finished`` (an error for a failed one, with the traceback at hand).
+# The worker has logged a failed message already, with the traceback and
+# delayq's fields: while ``task_finished`` is sent for one, the framework's
+# error line is dropped, so a failed task is one line in the log.
+_worker_logged_failure: ContextVar[bool] = ContextVar("worker_logged_failure", default=False)
+FRAMEWORK_LOGGERS = ("django.tasks", "django_tasks")  # Django 6, the backport
+
+
+class _FailureLoggedByWorker(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR or not _worker_logged_failure.get()
+
+
+_failure_logged_by_worker = _FailureLoggedByWorker()
+
 #: The ``kind`` of every task message: it selects :func:`run_task` in the registry.
 TASK_KIND = "django.tasks"
 
@@ -118,12 +134,13 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "MAX_ATTEMPTS": 1,
 }
 
+# By Message.Status value (the model is not imported here: see the module's docstring).
 _STATUS = {
-    Message.Status.PENDING: TaskResultStatus.READY,
-    Message.Status.RUNNING: TaskResultStatus.RUNNING,
-    Message.Status.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
-    Message.Status.FAILED: TaskResultStatus.FAILED,
-    Message.Status.CANCELLED: TaskResultStatus.FAILED,
+    "pending": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "succeeded": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
 }
 
 
@@ -162,6 +179,8 @@ class DelayQBackend(BaseTaskBackend):
     # -- producing -----------------------------------------------------------
 
     def validate_task(self, task: Task[..., Any]) -> None:
+        from django_delayq.registry import validate_queue_name
+
         super().validate_task(task)
         try:
             validate_queue_name(task.queue_name)
@@ -175,6 +194,7 @@ class DelayQBackend(BaseTaskBackend):
         outside one): a rolled-back call was never enqueued.
         """
         from django_delayq.enqueuing import enqueue
+        from django_delayq.models import Message
 
         self.validate_task(task)
         try:
@@ -212,6 +232,8 @@ class DelayQBackend(BaseTaskBackend):
             pk = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
+        from django_delayq.models import Message
+
         return Message.objects.filter(pk=pk, kind=TASK_KIND)
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
@@ -233,6 +255,7 @@ class DelayQBackend(BaseTaskBackend):
         where = f"TASKS[{self.alias!r}]"
         errors: list[Any] = list(super().check(**kwargs))
         if not apps.is_installed("django_delayq"):
+            # The checks below need the app's modules, which need the app.
             errors.append(
                 checks.Error(
                     f"{where} uses DelayQBackend but django_delayq is not installed",
@@ -240,6 +263,9 @@ class DelayQBackend(BaseTaskBackend):
                     id="django_delayq.E040",
                 )
             )
+            return errors
+        from django_delayq.registry import validate_max_attempts, validate_queue_name
+
         if not self.queues:
             errors.append(
                 checks.Error(
@@ -276,6 +302,8 @@ class DelayQBackend(BaseTaskBackend):
         Called at start-up (``apps.py``) so that ``run_delayq`` consumes the
         task queues; invalid names are left to :meth:`check` to report.
         """
+        from django_delayq.registry import HandlerSpec, registry, validate_queue_name
+
         for queue in self.queues:
             try:
                 validate_queue_name(queue)
@@ -320,6 +348,8 @@ def _task_of(message: Message) -> Task[Any, Any]:
 
 
 def _errors(message: Message) -> list[TaskError]:
+    from django_delayq.models import Message
+
     recorded = message.payload.get("errors", [])
     errors = [
         TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
@@ -348,12 +378,12 @@ def to_task_result(message: Message, task: Task[Any, Any] | None = None) -> Task
     """The ``TaskResult`` a task message stands for."""
     payload = message.payload
     worker_ids = list(payload.get("worker_ids", []))
-    if message.status == Message.Status.RUNNING and message.locked_by:
+    if message.status == "running" and message.locked_by:
         worker_ids.append(message.locked_by)
     result: TaskResult[Any, Any] = TaskResult(
         task=task or _task_of(message),
         id=str(message.pk),
-        status=_STATUS[Message.Status(message.status)],
+        status=_STATUS[message.status],
         enqueued_at=message.created_at,
         started_at=_time(payload.get("started_at")) or message.last_attempt_time,
         last_attempted_at=message.last_attempt_time,
@@ -373,6 +403,8 @@ def to_task_result(message: Message, task: Task[Any, Any] | None = None) -> Task
 
 def _record(message: Message, **outcome: Any) -> bool:
     """Add to the message's payload while this worker still holds it."""
+    from django_delayq.store import changes
+
     assert message.lock_token is not None
     payload = dict(message.payload)
     payload["worker_ids"] = [*payload.get("worker_ids", []), message.locked_by]
@@ -434,12 +466,22 @@ def _send_task_finished(sender: Any, message: Message, using: str, **kwargs: Any
     """
     if message.kind != TASK_KIND:
         return
+    from django_delayq import signals
+    from django_delayq.models import Message
+
     row = Message.objects.using(using).filter(pk=message.pk).first()
     if row is None:
         return
     result = to_task_result(row)
     backend = type(result.task.get_backend())
-    for receiver, response in task_finished.send_robust(backend, task_result=result):
+    # message_failed: the worker logged the failure (an error, with the
+    # traceback). A discarded task is logged by the framework alone.
+    logged = _worker_logged_failure.set(kwargs.get("signal") is signals.message_failed)
+    try:
+        responses = task_finished.send_robust(backend, task_result=result)
+    finally:
+        _worker_logged_failure.reset(logged)
+    for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(
                 "task_finished receiver %r raised for task %s",
@@ -454,3 +496,5 @@ def _connect_outcome_signals() -> None:
 
     for signal in (signals.message_succeeded, signals.message_failed, signals.message_discarded):
         signal.connect(_send_task_finished, dispatch_uid="django_delayq.backends.task_finished")
+    for name in FRAMEWORK_LOGGERS:
+        logging.getLogger(name).addFilter(_failure_logged_by_worker)

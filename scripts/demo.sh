@@ -178,8 +178,18 @@ bad_shipments = list(bad_shipments.values_list("pk", flat=True))
 bad_shipments += list(undeliverable.exclude(status="failed").values_list("pk", flat=True))
 
 counts = {s: shown.filter(status=s).count() for s in Message.Status.values}
+shipments = {s: Shipment.objects.filter(status=s).count() for s in Message.Status.values}
+attempts = sum(m.attempt_count for m in shown) + sum(s.attempt_count for s in Shipment.objects.all())
 print()
-print("Totals: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+print(
+    "Totals, messages (future heartbeat ticks aside): "
+    + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+)
+print("Totals, shipments: " + ", ".join(f"{n} {s}" for s, n in shipments.items() if n))
+print(
+    f"Attempts: {attempts}, messages and shipments together (the \"stopped\" line of the "
+    "worker above counts these by outcome; a retried message counts once per try)"
+)
 problems = []
 if early:
     problems.append(f"started before their due time: {early}")

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # One entry point for the project's jobs; the Makefile targets call it.
 #
-#   scripts/dev.sh venv    create .venv and install the package with its extras
-#   scripts/dev.sh test    lint, checks, the whole suite on PostgreSQL and SQLite (and its
-#                          core again on PostgreSQL with prepared statements), on
-#                          MariaDB/MySQL when one is reachable, then the Django 6 leg (below)
+#   scripts/dev.sh venv    create .venv and install the package with every extra the
+#                          tests, the linters and the pipeline use (as `test` does)
+#   scripts/dev.sh test    lint, checks, `dist` (below), the whole suite on PostgreSQL and
+#                          SQLite (and its core again on PostgreSQL with prepared
+#                          statements), on MariaDB/MySQL when one is reachable, then the
+#                          Django 6 leg (below)
+#   scripts/dev.sh dist    build the sdist and the wheel into dist/, twine check them, and
+#                          check their contents and a fresh install (scripts/check_dist.py)
 #   scripts/dev.sh django6 the matrix's second leg: Python 3.12+ and Django 6.x in
 #                          .venv-dj6, checks plus the Tasks backend and a core smoke subset
 #   scripts/dev.sh demo    run the example project on its SQLite default
 #
-# Works on a fresh Debian machine with Python 3.11+: what is missing (the
-# venv module, a PostgreSQL server) is installed when running as root.
+# Works on a fresh Debian machine with Python 3.11+: what is missing is
+# installed with apt when running as root (or through sudo). `demo` installs
+# into .venv only what the example project needs (Django, the app,
+# django-environ, django-tasks), and from apt at most python3-venv; `test`
+# and `venv` install every extra (pyspark, playwright, mypy, mysqlclient, ...)
+# and from apt python3-venv, libmariadb-dev, pkg-config, chromium,
+# chromium-driver, a Java 17 runtime, the PostgreSQL and SQLite JDBC
+# drivers, and PostgreSQL when no server answers (scripts/ensure-postgres.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +41,9 @@ apt_install() {
 }
 
 ensure_venv() {
+  # ensure_venv EXTRAS: create $VENV if needed and install the package
+  # (editable) with these extras. It only adds: what another target
+  # installed before stays (make demo, then make test, share .venv).
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || {
     echo "Python 3.11+ is required (PYTHON=$PYTHON)" >&2; exit 2; }
   if [ ! -x "$PY" ]; then
@@ -41,15 +54,20 @@ ensure_venv() {
       "$PYTHON" -m venv "$VENV"
     fi
   fi
-  local extras="postgres,test,example,dev,spark"
+  log "installing django-delayq[$1] into $VENV"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q -e ".[$1]"
+}
+
+ensure_full_venv() {
+  # Everything the checks and the whole suite use.
+  local extras="postgres,test,example,dev,dist,spark"
   if ensure_mysqlclient_build; then
     extras="$extras,mysql"
   else
     log "cannot install libmariadb-dev here: no mysqlclient, so no MariaDB/MySQL test run"
   fi
-  log "installing django-delayq and its test dependencies"
-  "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q -e ".[$extras]"
+  ensure_venv "$extras"
 }
 
 ensure_mysqlclient_build() {
@@ -86,10 +104,25 @@ ensure_spark_runtime() {
 
 run_checks() {
   log "lint and Django checks"
-  "$VENV/bin/ruff" check django_delayq tests example_project benchmarks
+  "$VENV/bin/ruff" check django_delayq tests example_project benchmarks scripts
   "$VENV/bin/mypy" django_delayq
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
+}
+
+run_dist() {
+  # dist/ holds what a release would upload: built from a clean slate, the
+  # metadata checked as PyPI would (twine), and the wheel's contents and a
+  # fresh install of it checked (scripts/check_dist.py).
+  log "building the sdist and the wheel into dist/"
+  rm -f dist/django_delayq-*
+  local out
+  if ! out="$("$PY" -m build --outdir dist . 2>&1)"; then
+    printf '%s\n' "$out" >&2
+    return 1
+  fi
+  "$PY" -m twine check --strict dist/django_delayq-*
+  "$PY" scripts/check_dist.py dist
 }
 
 run_suite() {
@@ -199,10 +232,15 @@ run_django6() {
 }
 
 case "${1:-}" in
-  venv) ensure_venv; ensure_spark_runtime ;;
-  test) shift; ensure_venv; ensure_chromium; ensure_spark_runtime; run_checks; run_suite "$@"; run_django6 ;;
+  venv) ensure_full_venv; ensure_spark_runtime ;;
+  test)
+    shift; ensure_full_venv; ensure_chromium; ensure_spark_runtime
+    run_checks; run_dist; run_suite "$@"; run_django6 ;;
   suite) shift; run_suite "$@" ;;
+  dist) ensure_venv dist; run_dist ;;
   django6) run_django6 ;;
-  demo) ensure_venv; scripts/demo.sh "$PY" ;;
-  *) echo "usage: $0 venv|test|suite|django6|demo" >&2; exit 2 ;;
+  # The example project runs on SQLite: Django, the app, django-environ and
+  # (on Django 5.2) django-tasks, nothing else.
+  demo) ensure_venv example; scripts/demo.sh "$PY" ;;
+  *) echo "usage: $0 venv|test|suite|dist|django6|demo" >&2; exit 2 ;;
 esac

@@ -369,5 +369,10 @@ class Worker:
         if self.claimer.waker is not None:
             self.claimer.waker.close()
         connections.close_all()
+        # Attempts, not messages: a message retried twice is three attempts.
         summary = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items()))
-        logger.info("worker %s stopped: %s", self.name, summary or "nothing processed")
+        logger.info(
+            "worker %s stopped; %s",
+            self.name,
+            f"attempts by outcome: {summary}" if summary else "nothing processed",
+        )

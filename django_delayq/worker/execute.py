@@ -380,6 +380,8 @@ def _record_failure(
 
     def failed() -> None:
         if retry_in is None:
+            # The last attempt's traceback (when the handler raised), so that
+            # this one line says everything about the failure.
             logger.error(
                 "message %s (%s/%s) failed after %s attempt(s): %s",
                 message.pk,
@@ -387,6 +389,7 @@ def _record_failure(
                 message.key,
                 message.attempt_count,
                 error,
+                exc_info=(type(exc), exc, exc.__traceback__) if tb else None,
                 extra=message_fields(message, outcome=Result.FAILED),
             )
             signals.send(

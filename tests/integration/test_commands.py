@@ -45,6 +45,19 @@ def test_status_prints_counts_and_lag(fake_clock):
     assert any(line.startswith("other") for line in lines)
 
 
+def test_status_marks_queues_that_no_handler_consumes():
+    enqueue("default", {})
+    enqueue("nobody-reads-this", {})
+    lines = run("delayq_status").splitlines()
+    state = {line.split()[0]: line.split(None, 8)[8] for line in lines[2:4]}
+    assert state == {"default": "active", "nobody-reads-this": "active, no handler"}
+    assert lines[4] == (
+        "no handler: no handler in this project consumes the queue; "
+        "run_delayq here leaves its messages waiting"
+    )
+    assert "no handler" not in run("delayq_status", "--queue", "default")
+
+
 def test_status_with_no_messages():
     assert "no messages" in run("delayq_status")
 

@@ -63,6 +63,9 @@ def test_json_formatter_writes_the_fields_of_every_outcome(delayq, json_log):
     failed = by[(doomed.pk, "failed")]
     assert (failed["levelname"], failed["queue"], failed["attempt"]) == ("ERROR", "other", 2)
     assert "log-doomed" in failed["message"]
+    # The final failure carries the last attempt's traceback; a retry does not.
+    assert failed["exc_info"].startswith("Traceback")
+    assert "exc_info" not in by[(doomed.pk, "retrying")]
     assert by[(bad.pk, "discarded")]["levelname"] == "INFO"
 
 
@@ -86,3 +89,18 @@ def test_no_success_record_is_built_above_debug(delayq, caplog):
     with caplog.at_level(logging.INFO, logger="django_delayq"):
         delayq.run_pending("default")
     assert not [r for r in caplog.records if getattr(r, "outcome", None) == "succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_stop_line_counts_attempts_by_outcome(run_worker, fake_clock, caplog):
+    enqueue("default", {}, key="stop-ok")
+    enqueue("other", {"fail": 9}, key="stop-doomed")  # max_attempts=2
+    with caplog.at_level(logging.INFO, logger="django_delayq"):
+        run_worker(["default", "other"])
+        fake_clock.advance(61)  # the suite's FixedDelay policy waits 60 s
+        run_worker(["default", "other"])
+    stops = [r.getMessage() for r in caplog.records if " stopped" in r.getMessage()]
+    assert [line.split(" stopped")[1] for line in stops] == [
+        "; attempts by outcome: retrying 1, succeeded 1",
+        "; attempts by outcome: failed 1",
+    ]

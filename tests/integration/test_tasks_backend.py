@@ -5,6 +5,11 @@ Real claims on the test database, the framework's own ``@task``/``enqueue``/
 tests/process/test_tasks_processes.py.
 """
 
+import logging
+import os
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timedelta
 
 import pytest
@@ -19,6 +24,7 @@ from django_delayq.backends import TASK_KIND, DelayQBackend, TaskCancelled, Task
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
 from django_delayq.store import changes
+from tests.conftest import ROOT
 from tests.json_values import JSON_VALUES, exact
 from tests.testapp.models import Effect, Execution
 from tests.testapp.tasks import (
@@ -40,6 +46,10 @@ from tests.testapp.tasks import (
     task_enqueued,
     task_finished,
     task_started,
+)
+
+TASKS_LOGGER = (
+    "django.tasks" if task_backends.__module__.startswith("django.tasks") else "django_tasks"
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,6 +200,38 @@ def test_task_exception_is_a_failed_result_with_class_and_traceback(run_worker):
         failed.return_value  # noqa: B018
     message = Message.objects.get(pk=int(result.id))
     assert message.status == "failed" and "TaskBoom: the fuse was short" in message.last_error
+
+
+def test_a_failed_task_is_one_error_line_with_its_traceback(run_worker, caplog):
+    # The framework logs every finished task from its own receiver; for a
+    # failed one the worker's line (with delayq's fields) is the only one.
+    caplog.set_level(logging.INFO, logger=TASKS_LOGGER)
+    result = explode.enqueue("the fuse was short")
+    run_worker(["default"])
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.name for r in errors] == ["django_delayq.worker"], [r.getMessage() for r in errors]
+    [line] = errors
+    assert f"message {result.id} " in line.getMessage()
+    assert "TaskBoom: the fuse was short" in line.getMessage()
+    assert line.exc_info is not None and line.exc_info[0] is TaskBoom
+    assert "the fuse was short" in caplog.text and "Traceback" in caplog.text
+    assert (line.message_id, line.queue, line.kind, line.attempt, line.outcome) == (
+        int(result.id),
+        "default",
+        TASK_KIND,
+        1,
+        "failed",
+    )
+    # A task that succeeds is still the framework's to log (INFO), and so is
+    # a discarded one (the worker logs a discard at INFO): one error line.
+    ok = add.enqueue(1, 2)
+    discarded = give_up.enqueue("no recipient")
+    caplog.clear()
+    run_worker(["default"])
+    assert any(ok.id in r.getMessage() and "SUCCESSFUL" in r.getMessage() for r in caplog.records)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.name) for r in errors] == [(logging.ERROR, TASKS_LOGGER)]
+    assert f"id={discarded.id} " in errors[0].getMessage()
 
 
 def test_async_task_runs_and_aget_result_reads_it(run_worker):
@@ -403,3 +445,41 @@ def test_enqueue_refuses_queue_names_delayq_cannot_hold():
     object.__setattr__(bad, "queue_name", "not a queue")
     with pytest.raises(InvalidTask, match="may only hold"):
         backend.validate_task(bad)
+
+
+NO_APP_SETTINGS = """
+    import importlib.util
+
+    SECRET_KEY = "not-secret"
+    USE_TZ = True
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth"]
+    TASKS = {"default": {"BACKEND": "django_delayq.backends.DelayQBackend", "QUEUES": ["default"]}}
+    if importlib.util.find_spec("django.tasks"):
+        # Django 6 registers the framework's checks when django.tasks is
+        # imported, as a project's code that defines tasks does.
+        import django.tasks  # noqa: F401
+    else:
+        INSTALLED_APPS.append("django_tasks")
+"""
+
+
+def test_check_reports_e040_when_django_delayq_is_not_installed(tmp_path):
+    (tmp_path / "no_delayq_settings.py").write_text(textwrap.dedent(NO_APP_SETTINGS))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "no_delayq_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "django_delayq.E040" in done.stderr
+    assert "TASKS['default'] uses DelayQBackend but django_delayq is not installed" in done.stderr

@@ -7,6 +7,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from django_delayq.models import Message
 from tests.conftest import wait_for
 from tests.testapp.models import Effect
 from tests.testapp.tasks import (
@@ -44,11 +45,17 @@ def test_worker_process_runs_tasks_and_stores_results_and_errors(spawn_worker):
     # The rolled-back call never reached the queue, so nothing ran it.
     assert list(Effect.objects.values_list("value", flat=True)) == ["a@example.com"]
     # The framework's own receivers of task_started / task_finished ran in
-    # the worker process (they log each task's state).
+    # the worker process (they log each task's state); a failed task is the
+    # worker's one error line, with the traceback, instead of two.
     path = "tests.testapp.tasks"
     assert f"Task id={ok.id} path={path}.add state=RUNNING" in worker.output
     assert f"Task id={ok.id} path={path}.add state=SUCCESSFUL" in worker.output
-    assert f"Task id={bad.id} path={path}.explode state=FAILED" in worker.output
+    assert f"Task id={bad.id} path={path}.explode state=RUNNING" in worker.output
+    assert f"Task id={bad.id} path={path}.explode state=FAILED" not in worker.output
+    assert (
+        f"message {bad.id} (default/{Message.objects.get(pk=int(bad.id)).key}) failed after "
+        "1 attempt(s): tests.testapp.tasks.TaskBoom: no fuse\nTraceback" in worker.output
+    )
 
 
 def test_worker_process_waits_for_run_after(spawn_worker):

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_delayq.liveness import held_by, workers
 from django_delayq.queues import paused_queues
+from django_delayq.registry import registry
 from django_delayq.stats import queue_stats
 
 COLUMNS = (
@@ -22,6 +23,14 @@ COLUMNS = (
     "succeeded",
     "lag",
     "state",
+)
+
+# The state of a queue that no handler of this project consumes (no @handler,
+# no DelayQBackend queue): run_delayq here leaves its messages waiting.
+NO_HANDLER = "no handler"
+NO_HANDLER_NOTE = (
+    f"{NO_HANDLER}: no handler in this project consumes the queue; "
+    "run_delayq here leaves its messages waiting"
 )
 
 # A worker is dead when its heartbeat is older than DELAYQ["WORKER_DEAD_AFTER"];
@@ -43,8 +52,9 @@ def human(delta: timedelta) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Print per-queue message counts, the age of the oldest due message (lag) "
-        "and whether the queue is paused; then every worker, live, dead or stopped."
+        "Print per-queue message counts, the age of the oldest due message (lag), "
+        "whether the queue is paused and whether a handler of this project consumes it; "
+        "then every worker, live, dead or stopped."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -54,6 +64,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         stats = queue_stats(options["queues"], using=options["database"])
         paused = paused_queues(options["queues"], using=options["database"])
+        handled = set(registry.queues())
+
+        def state(queue: str) -> str:
+            text = "paused" if queue in paused else "active"
+            return text if queue in handled else f"{text}, {NO_HANDLER}"
+
         rows = [
             (
                 s.queue,
@@ -64,18 +80,20 @@ class Command(BaseCommand):
                 s.failed,
                 s.succeeded,
                 human(s.lag),
-                "paused" if s.queue in paused else "active",
+                state(s.queue),
             )
             for s in stats
         ]
         # A paused queue is worth showing even while it holds no message.
         shown = {s.queue for s in stats}
-        rows += [(q, 0, 0, 0, 0, 0, 0, "0s", "paused") for q in sorted(paused - shown)]
+        rows += [(q, 0, 0, 0, 0, 0, 0, "0s", state(q)) for q in sorted(paused - shown)]
         rows.sort(key=lambda row: row[0])
         if not rows:
             self.stdout.write("no messages")
         else:
             self._table(COLUMNS, rows)
+            if any(row[-1].endswith(NO_HANDLER) for row in rows):
+                self.stdout.write(NO_HANDLER_NOTE)
         self._workers(options["database"])
 
     def _workers(self, using: str | None) -> None:
