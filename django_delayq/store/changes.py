@@ -83,10 +83,18 @@ def _field(model: type[Model], name: str) -> Field[Any, Any]:
 
 
 def _quoted(model: type[Model], connection: Any, *names: str) -> dict[str, str]:
-    qn = connection.ops.quote_name
-    out = {name: qn(str(_field(model, name).column)) for name in names}
-    out["table"] = qn(model._meta.db_table)
-    return out
+    """The quoted table and column names of ``model`` for this backend (kept)."""
+    key = (model, type(connection), names)
+    found = _quoted_names.get(key)
+    if found is None:
+        qn = connection.ops.quote_name
+        found = {name: qn(str(_field(model, name).column)) for name in names}
+        found["table"] = qn(model._meta.db_table)
+        _quoted_names[key] = found
+    return found
+
+
+_quoted_names: dict[tuple[Any, ...], dict[str, str]] = {}
 
 
 # -- claim ------------------------------------------------------------------------
@@ -286,6 +294,10 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
         query = UpdateQuery(model)
         query.add_update_values(_claim_changes(key))
         set_sql, set_params = query.get_compiler(alias).as_sql()
+        cache = not clock.is_overridden()
+        if cache:
+            set_sql, set_params = _inlined(connection, set_sql, set_params)
+            picked_sql, picked_params = _inlined(connection, picked_sql, picked_params)
         sql = statement("claim", features(connection)).format(
             set=set_sql,
             picked=picked_sql,
@@ -293,7 +305,7 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
             **_quoted(model, connection, "pk", "lock_token"),
         )
         compiled = (sql, tuple(set_params), tuple(picked_params))
-        if not clock.is_overridden():
+        if cache:
             _claim_statements[key] = compiled
     sql, set_params, picked_params = compiled
     token_param = _field(model, "lock_token").get_db_prep_value(token, connection)
@@ -351,30 +363,50 @@ def _update_held(
                 _update_held(mine, token, changes, using=alias, model=model, same_as=same_as)
         return mine if returning else len(mine)
     sql, set_params = _set_clause(model, alias, changes, same_as)
-    quoted = _quoted(model, connection, "pk", "lock_token", "status")
     if can.array_parameters:
         id_params: list[Any] = [ids]
-        placeholders = ""
     else:
         pk = _field(model, "pk")
         id_params = [pk.get_db_prep_value(i, connection) for i in ids]
-        placeholders = ", ".join(["%s"] * len(ids))
-    name = "held_rows_unlocked" if skip_locked and can.skip_locked_subquery else "held_rows"
-    condition = statement(name, can).format(ids=placeholders, **quoted)
+    where = _held_where(
+        model,
+        connection,
+        0 if can.array_parameters else len(ids),
+        unlocked=skip_locked and can.skip_locked_subquery,
+        returning=returning,
+    )
     params = [
         *set_params,
         *id_params,
         _field(model, "lock_token").get_db_prep_value(token, connection),
-        Status.RUNNING.value,
     ]
-    sql = f"{sql} WHERE {condition}"
-    if returning:
-        sql += f" RETURNING {quoted['pk']}"
+    sql += where
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if returning:
             return {row[0] for row in cursor.fetchall()}
         return cursor.rowcount
+
+
+def _held_where(
+    model: type[Model], connection: Any, ids: int, *, unlocked: bool, returning: bool
+) -> str:
+    """`` WHERE <held_rows> [RETURNING pk]`` (``ids`` placeholders; 0: one array), kept."""
+    key = (model, type(connection), ids, unlocked, returning)
+    text = _held_wheres.get(key)
+    if text is None:
+        quoted = _quoted(model, connection, "pk", "lock_token", "status")
+        name = "held_rows_unlocked" if unlocked else "held_rows"
+        condition = statement(name, features(connection)).format(
+            ids=", ".join(["%s"] * ids), **quoted
+        )
+        text = f" WHERE {condition}" + (f" RETURNING {quoted['pk']}" if returning else "")
+        if len(_held_wheres) < 1024:  # one per batch size where ids are placeholders
+            _held_wheres[key] = text
+    return text
+
+
+_held_wheres: dict[tuple[Any, ...], str] = {}
 
 
 _set_clauses: dict[tuple[Hashable, type[Model], str], tuple[str, tuple[Any, ...]]] = {}
@@ -395,8 +427,23 @@ def _set_clause(
     query.add_update_values(_ending(model, fit(model, changes)))
     sql, params = query.get_compiler(alias).as_sql()
     if same_as is not None and not clock.is_overridden():
+        sql, params = _inlined(connections[alias], sql, params)
         _set_clauses[key] = (sql, tuple(params))
     return sql, tuple(params)
+
+
+def _inlined(connection: Any, sql: str, params: Any) -> tuple[str, tuple[Any, ...]]:
+    """A statement kept for reuse, with its constant parameters written into its text.
+
+    Where the driver binds on the client (psycopg's default), every
+    parameter is adapted on every call: a cached statement's constants
+    (statuses, the worker's name, the lease) are adapted once instead, and
+    only what changes (the lock token, the ids) is sent as a parameter.
+    """
+    if not features(connection).inline_constants or not params:
+        return sql, tuple(params)
+    text = connection.ops.compose_sql(sql, tuple(params))
+    return text.replace("%", "%%"), ()
 
 
 def _succeeded() -> dict[str, Any]:

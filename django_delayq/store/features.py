@@ -54,6 +54,9 @@ class Features:
     binary_text: bool
     #: The Spark pipeline can write and read this database.
     pipeline: bool
+    #: The constants of a statement kept for reuse can be written into its text
+    #: (``ops.compose_sql``), so only what changes is bound on each call.
+    inline_constants: bool
     #: Successes committed in batches and atomic handlers in group transactions
     #: (``ACK_DELAY``): worth it where a commit waits for the write-ahead log,
     #: and safe where the lease keeper can skip the rows an open group locks.
@@ -80,6 +83,7 @@ def _features(vendor: str, sqlite_version: tuple[int, ...]) -> Features:
         row_estimate="pg_class" if postgres else "information_schema" if mysql else None,
         binary_text=mysql,
         pipeline=postgres or sqlite,
+        inline_constants=postgres,
         group_commits=postgres,
     )
 

@@ -303,7 +303,9 @@ class Worker:
 
     def _settled(self, done: Done) -> None:
         """Bookkeeping once outcomes are committed (or known to be lost)."""
-        wake = self.book.settle(((item, result) for item, result, _ in done), self._wants)
+        wake = self.book.settle(
+            ((item, result) for item, result, _ in done), self._wants, when_idle=self.burst
+        )
         if any(result in RESCHEDULED for _, result, _ in done):
             self.claimer.forget_next_due()
         for item, result, elapsed in done:

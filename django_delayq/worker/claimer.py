@@ -191,6 +191,9 @@ class Claimer:
             for lane in self.book.lanes:
                 if not notified.isdisjoint(lane.queues):
                     self._drained.discard(id(lane))
+            # Answered by the claim that follows; a later due time in a
+            # notification stays as the time to wake up.
+            self.waker.hint = None
 
     def next_due(self) -> datetime | None:
         """The earliest due time of this worker's queues, read at most once per poll interval

@@ -211,13 +211,20 @@ class Book:
                 item.phase = Phase.RUNNING
                 item.started_at = time.monotonic()
 
-    def settle(self, results: Iterable[tuple[InFlight, str]], wants: Callable[[Lane], int]) -> bool:
+    def settle(
+        self,
+        results: Iterable[tuple[InFlight, str]],
+        wants: Callable[[Lane], int],
+        *,
+        when_idle: bool = False,
+    ) -> bool:
         """Forget attempts whose outcome is committed (or known lost); count them.
 
         True when the claimer has something to do: claim for a lane whose
         queue runs below what it ``wants`` (0: a drained lane, nothing to
-        claim), or notice that all is done (``--burst``). Waking it after
-        every message made it compete with the executors for the GIL.
+        claim), or, ``when_idle`` (``--burst``), notice that all is done.
+        Waking it after every message made it compete with the executors for
+        the GIL.
         """
         wake = False
         with self.cond:
@@ -227,7 +234,7 @@ class Book:
                 self._forget(item)
                 self.stats[result] += 1
                 wake = wake or len(item.lane.queued) < wants(item.lane)
-            wake = wake or not self._held
+            wake = wake or (when_idle and not self._held)
             self.cond.notify_all()
         return wake
 

@@ -104,12 +104,14 @@ class Waker:
                 ready = select.select(fds, [], [], timeout)[0]
             except (OSError, ValueError):
                 pass
-        try:
-            while os.read(self._read_fd, 4096):
+        if self._read_fd in ready:
+            try:
+                while os.read(self._read_fd, 4096):
+                    pass
+            except (BlockingIOError, OSError):
                 pass
-        except (BlockingIOError, OSError):
-            pass
-        self._drain_notifications()
+        if self._listener is not None and (timeout <= 0 or self._listener.fileno() in ready):
+            self._drain_notifications()
         return timeout > 0 and not ready and not self.notified
 
     def _drain_notifications(self) -> None:

@@ -42,6 +42,7 @@ EXPECTED = {
         binary_text=False,
         pipeline=True,
         group_commits=True,
+        inline_constants=True,
     ),
     "sqlite": Features(
         vendor="sqlite",
@@ -59,6 +60,7 @@ EXPECTED = {
         binary_text=False,
         pipeline=True,
         group_commits=False,
+        inline_constants=False,
     ),
     "mysql": Features(
         vendor="mysql",
@@ -76,6 +78,7 @@ EXPECTED = {
         binary_text=True,
         pipeline=False,
         group_commits=False,
+        inline_constants=False,
     ),
 }
 

@@ -4,7 +4,7 @@
 -- name: held_rows
 -- The rows of some ids still running under one lock token: the compare-and-set of
 -- every outcome. {ids} is one placeholder per id.
-{pk} IN ({ids}) AND {lock_token} = %s AND {status} = %s
+{pk} IN ({ids}) AND {lock_token} = %s AND {status} = 'running'
 
 -- name: claim
 -- Mark the picked rows claimed and return them, in one statement (its own

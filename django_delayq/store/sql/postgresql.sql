@@ -2,12 +2,12 @@
 
 -- name: held_rows
 -- The rows of some ids still running under one lock token, the ids as one array.
-{pk} = ANY(%s) AND {lock_token} = %s AND {status} = %s
+{pk} = ANY(%s) AND {lock_token} = %s AND {status} = 'running'
 
 -- name: held_rows_unlocked
 -- The same rows, less those another transaction has locked: the worker's
 -- housekeeping (lease extensions, releases) never waits for a lock.
-{pk} IN (SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) AND {lock_token} = %s AND {status} = %s FOR UPDATE SKIP LOCKED)
+{pk} IN (SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) AND {lock_token} = %s AND {status} = 'running' FOR UPDATE SKIP LOCKED)
 
 -- name: json_rows
 -- The rows of one JSON document [[key, payload], ...]: one parameter, any size.
