@@ -230,7 +230,12 @@ def insert(
     )
     if can.returning:
         names = {"table": table, "queue": qn("queue"), "key": qn("key")}
-        clash = "update_conflicts" if on_conflict == "update" else "ignore_conflicts"
+        clash = "ignore_conflicts"
+        if on_conflict == "update":
+            # update_conflicts is shared; its comparisons are the database's own.
+            clash = "update_conflicts"
+            names["distinct"] = statement("distinct", can)
+            names["payload_distinct"] = statement("payload_distinct", can).format(**names)
         sql += " " + statement(clash, can).format(**names)
         if returning == "keys":
             sql += f" RETURNING {qn('id')}, {qn('key')}"
