@@ -34,7 +34,7 @@ from django_delayq import clock
 from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
-from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.registry import is_int_between, validate_kind, validate_queue_name
 
 if TYPE_CHECKING:
     from django_delayq.models import Message
@@ -372,7 +372,7 @@ def _check_timezone(value: object) -> str:
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_int_between(value, low, high):
         raise ScheduleError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     return value
 
