@@ -397,6 +397,14 @@ def _announce(later: list[Callable[[], None]] | None, announce: Callable[[], Non
         later.append(announce)
 
 
+def unrecorded(using: str, text: str, *args: Any, **log: Any) -> None:
+    """Outcomes could not be committed (the database went away, a receiver raised):
+    log ``text`` with the traceback and close the connection. The messages keep
+    their leases and are redelivered when they expire."""
+    logger.exception(text, *args, stacklevel=2, **log)
+    connections[using].close()
+
+
 def lease_lost(message: Message) -> Result:
     """Log an attempt whose row another claim holds now; nothing of it is recorded."""
     logger.warning(
