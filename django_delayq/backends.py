@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from datetime import datetime
+from importlib.util import find_spec
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any
 
@@ -49,60 +50,32 @@ from django.utils.module_loading import import_string
 from django_delayq.exceptions import DelayQError, Retry
 from django_delayq.payload import encode_payload
 
-if TYPE_CHECKING:
+# Django 6 ships the framework as django.tasks (the type checker reads it);
+# on Django 5.2 the django-tasks backport has the same modules.
+if TYPE_CHECKING or find_spec("django.tasks") is not None:
+    from django.tasks import base as tasks
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import (
-        TASK_MAX_PRIORITY,
-        TASK_MIN_PRIORITY,
-        Task,
-        TaskContext,
-        TaskError,
-        TaskResult,
-        TaskResultStatus,
-    )
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
-
-    from django_delayq.models import Message
 else:
     try:
-        from django.tasks.backends.base import BaseTaskBackend
-        from django.tasks.base import (
-            TASK_MAX_PRIORITY,
-            TASK_MIN_PRIORITY,
-            Task,
-            TaskContext,
-            TaskError,
-            TaskResult,
-            TaskResultStatus,
-        )
-        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-        from django.tasks.signals import task_enqueued, task_finished, task_started
-        from django.utils.json import normalize_json
-    except ImportError:
-        try:
-            import django_tasks.checks  # noqa: F401  (registers the backends' checks)
-            from django_tasks.backends.base import BaseTaskBackend
-            from django_tasks.base import (
-                TASK_MAX_PRIORITY,
-                TASK_MIN_PRIORITY,
-                Task,
-                TaskContext,
-                TaskError,
-                TaskResult,
-                TaskResultStatus,
-            )
-            from django_tasks.exceptions import InvalidTaskError as InvalidTask
-            from django_tasks.exceptions import TaskResultDoesNotExist
-            from django_tasks.signals import task_enqueued, task_finished, task_started
-            from django_tasks.utils import normalize_json
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                "django_delayq.backends.DelayQBackend needs Django's Tasks framework: "
-                "Django 6 (django.tasks), or on Django 5.2 the backport: "
-                "pip install 'django-delayq[tasks]'"
-            ) from exc
+        import django_tasks.checks  # noqa: F401  (registers the backends' checks)
+        from django_tasks import base as tasks
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.utils import normalize_json
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "django_delayq.backends.DelayQBackend needs Django's Tasks framework: "
+            "Django 6 (django.tasks), or on Django 5.2 the backport: "
+            "pip install 'django-delayq[tasks]'"
+        ) from exc
+
+if TYPE_CHECKING:
+    from django_delayq.models import Message
 
 __all__ = ["TASK_KIND", "DelayQBackend", "TaskCancelled", "TaskLost", "run_task"]
 
@@ -136,11 +109,11 @@ OPTION_DEFAULTS: dict[str, Any] = {
 
 # By Message.Status value (the model is not imported here: see the module's docstring).
 _STATUS = {
-    "pending": TaskResultStatus.READY,
-    "running": TaskResultStatus.RUNNING,
-    "succeeded": TaskResultStatus.SUCCESSFUL,
-    "failed": TaskResultStatus.FAILED,
-    "cancelled": TaskResultStatus.FAILED,
+    "pending": tasks.TaskResultStatus.READY,
+    "running": tasks.TaskResultStatus.RUNNING,
+    "succeeded": tasks.TaskResultStatus.SUCCESSFUL,
+    "failed": tasks.TaskResultStatus.FAILED,
+    "cancelled": tasks.TaskResultStatus.FAILED,
 }
 
 
@@ -178,7 +151,7 @@ class DelayQBackend(BaseTaskBackend):
 
     # -- producing -----------------------------------------------------------
 
-    def validate_task(self, task: Task[..., Any]) -> None:
+    def validate_task(self, task: tasks.Task[..., Any]) -> None:
         from django_delayq.registry import validate_queue_name
 
         super().validate_task(task)
@@ -187,7 +160,9 @@ class DelayQBackend(BaseTaskBackend):
         except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
 
-    def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+    def enqueue(
+        self, task: tasks.Task[Any, Any], args: Any, kwargs: Any
+    ) -> tasks.TaskResult[Any, Any]:
         """Write the call as a message in the caller's transaction.
 
         ``task_enqueued`` is sent once that transaction commits (at once
@@ -236,13 +211,13 @@ class DelayQBackend(BaseTaskBackend):
 
         return Message.objects.filter(pk=pk, kind=TASK_KIND)
 
-    def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+    def get_result(self, result_id: str) -> tasks.TaskResult[Any, Any]:
         message = self._messages(result_id).first()
         if message is None:
             raise TaskResultDoesNotExist(result_id)
         return to_task_result(message)
 
-    async def aget_result(self, result_id: str) -> TaskResult[Any, Any]:
+    async def aget_result(self, result_id: str) -> tasks.TaskResult[Any, Any]:
         message = await self._messages(result_id).afirst()
         if message is None:
             raise TaskResultDoesNotExist(result_id)
@@ -331,14 +306,14 @@ def install_task_backends(settings_tasks: object) -> None:
 # -- messages as task results ------------------------------------------------
 
 
-def _task_of(message: Message) -> Task[Any, Any]:
+def _task_of(message: Message) -> tasks.Task[Any, Any]:
     payload = message.payload
     task = import_string(payload["task"])
-    if not isinstance(task, Task):
+    if not isinstance(task, tasks.Task):
         raise ImproperlyConfigured(
             f"message {message.pk}: {payload['task']!r} is not a task (decorate it with @task)"
         )
-    priority = max(TASK_MIN_PRIORITY, min(TASK_MAX_PRIORITY, message.priority))
+    priority = max(tasks.TASK_MIN_PRIORITY, min(tasks.TASK_MAX_PRIORITY, message.priority))
     return task.using(
         priority=priority,
         queue_name=message.queue,
@@ -347,17 +322,17 @@ def _task_of(message: Message) -> Task[Any, Any]:
     )
 
 
-def _errors(message: Message) -> list[TaskError]:
+def _errors(message: Message) -> list[tasks.TaskError]:
     from django_delayq.models import Message
 
     recorded = message.payload.get("errors", [])
     errors = [
-        TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+        tasks.TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
         for e in recorded
     ]
     if message.status == Message.Status.CANCELLED:
         errors.append(
-            TaskError(
+            tasks.TaskError(
                 exception_class_path=_class_path(TaskCancelled),
                 traceback="the message was cancelled by an operator before the task finished",
             )
@@ -366,7 +341,7 @@ def _errors(message: Message) -> list[TaskError]:
         not recorded or recorded[-1].get("attempt") != message.attempt_count
     ):
         errors.append(
-            TaskError(
+            tasks.TaskError(
                 exception_class_path=_class_path(TaskLost),
                 traceback="\n".join(filter(None, [message.last_error, message.last_traceback])),
             )
@@ -374,13 +349,15 @@ def _errors(message: Message) -> list[TaskError]:
     return errors
 
 
-def to_task_result(message: Message, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
+def to_task_result(
+    message: Message, task: tasks.Task[Any, Any] | None = None
+) -> tasks.TaskResult[Any, Any]:
     """The ``TaskResult`` a task message stands for."""
     payload = message.payload
     worker_ids = list(payload.get("worker_ids", []))
     if message.status == "running" and message.locked_by:
         worker_ids.append(message.locked_by)
-    result: TaskResult[Any, Any] = TaskResult(
+    result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
         task=task or _task_of(message),
         id=str(message.pk),
         status=_STATUS[message.status],
@@ -445,7 +422,7 @@ def run_task(message: Message) -> None:
         task_started.send(type(task.get_backend()), task_result=result)
         args, kwargs = message.payload["args"], message.payload["kwargs"]
         if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            value = task.call(tasks.TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
         _record(message, return_value=normalize_json(value))

@@ -246,14 +246,14 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
     """
     from django.conf import settings
 
+    from django_delayq.registry import is_int_between
+
     user = getattr(settings, "DELAYQ", {})
     if not isinstance(user, dict):
         return []  # E001 already says so
     errors: list[Error | Warning] = []
     port = user.get("METRICS_PORT")
-    if port is not None and (
-        isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
-    ):
+    if port is not None and not is_int_between(port, 1, 65535):
         errors.append(
             Error(
                 f"DELAYQ: METRICS_PORT must be a TCP port (1-65535) or None, got {port!r}",

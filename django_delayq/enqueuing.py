@@ -10,11 +10,11 @@ statement: a bad argument raises and writes nothing. The writing itself is
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import partial
-from typing import Any, Literal
+from functools import partial, wraps
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -33,6 +33,9 @@ from django_delayq.store.write import Outcome
 OnConflict = Literal["ignore", "update", "error"]
 ON_CONFLICT_CHOICES = ("ignore", "update", "error")
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 @dataclass(frozen=True)
 class EnqueueResult:
@@ -44,6 +47,7 @@ class EnqueueResult:
 
 
 def _check_key(key: object, where: str = "") -> str:
+    # registry.check_text's checks and two more, written out: this runs once per message.
     if not isinstance(key, str):
         raise TypeError(f"{where}key must be a str, got {type(key).__name__}")
     if not key:
@@ -265,19 +269,40 @@ def _announce(changed: Sequence[tuple[Outcome, Message]], using: str) -> None:
         signals.send(signals.message_enqueued, message=message, outcome=outcome, using=using)
 
 
-async def aenqueue(
-    queue: str,
-    payload: Any = None,
-    *,
-    key: str | None = None,
-    kind: str = "",
-    run_at: datetime | None = None,
-    delay: timedelta | int | float | None = None,
-    priority: int = 0,
-    max_attempts: int | None = None,
-    on_conflict: OnConflict = "ignore",
-    using: str | None = None,
-) -> EnqueueResult:
+def _awaitable(
+    function: Callable[P, R],
+    doc: str,
+    arguments: Callable[..., tuple[tuple[Any, ...], dict[str, Any]]] | None = None,
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """``function`` for async code, with its signature and type hints and ``doc``.
+
+    The call runs in Django's thread for sync code (``sync_to_async`` with
+    ``thread_sensitive=True``, as the ORM's async methods do). ``arguments``,
+    if given, prepares the call's arguments first, in the caller's thread.
+    """
+    in_thread: Callable[..., Awaitable[R]] = sync_to_async(function, thread_sensitive=True)
+
+    @wraps(function)
+    async def awaitable(*args: P.args, **kwargs: P.kwargs) -> R:
+        if arguments is None:
+            return await in_thread(*args, **kwargs)
+        given, named = arguments(*args, **kwargs)
+        return await in_thread(*given, **named)
+
+    awaitable.__name__ = awaitable.__qualname__ = f"a{function.__name__}"
+    awaitable.__doc__ = doc
+    return awaitable
+
+
+def _read_payloads(
+    queue: Any, payloads: Iterable[Any], **options: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # An iterable of payloads is read in the async caller's thread.
+    return (queue, list(payloads)), options
+
+
+aenqueue = _awaitable(
+    enqueue,
     """``enqueue`` for async code (async views, ASGI consumers); same arguments.
 
     Django runs database work of async code in a thread (``sync_to_async``
@@ -287,44 +312,11 @@ async def aenqueue(
     commit together with other writes, put them and ``enqueue`` in one sync
     function under ``transaction.atomic()`` and await that function through
     ``sync_to_async``.
-    """
-    return await sync_to_async(enqueue, thread_sensitive=True)(
-        queue,
-        payload,
-        key=key,
-        kind=kind,
-        run_at=run_at,
-        delay=delay,
-        priority=priority,
-        max_attempts=max_attempts,
-        on_conflict=on_conflict,
-        using=using,
-    )
+    """,
+)
 
-
-async def aenqueue_many(
-    queue: str,
-    payloads: Iterable[Any],
-    *,
-    keys: Sequence[str] | None = None,
-    kind: str = "",
-    run_at: datetime | None = None,
-    delay: timedelta | int | float | None = None,
-    priority: int = 0,
-    max_attempts: int | None = None,
-    on_conflict: OnConflict = "ignore",
-    using: str | None = None,
-) -> list[EnqueueResult]:
-    """``enqueue_many`` for async code; one transaction of its own (see ``aenqueue``)."""
-    return await sync_to_async(enqueue_many, thread_sensitive=True)(
-        queue,
-        list(payloads),
-        keys=keys,
-        kind=kind,
-        run_at=run_at,
-        delay=delay,
-        priority=priority,
-        max_attempts=max_attempts,
-        on_conflict=on_conflict,
-        using=using,
-    )
+aenqueue_many = _awaitable(
+    enqueue_many,
+    """``enqueue_many`` for async code; one transaction of its own (see ``aenqueue``).""",
+    _read_payloads,
+)

@@ -49,6 +49,7 @@ from django_delayq import clock
 from django_delayq.enqueuing import check_priority, resolve_run_at
 from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
+from django_delayq.registry import is_int_between
 from django_delayq.store import changes
 from django_delayq.store.queries import QueueQuerySet, categories
 from django_delayq.store.write import notify
@@ -231,11 +232,7 @@ def retry_failed(
     that many more attempts are allowed whatever the handler's setting; the
     last error stays visible until the next attempt replaces it.
     """
-    if (
-        isinstance(extra_attempts, bool)
-        or not isinstance(extra_attempts, int)
-        or not 1 <= extra_attempts <= MAX_EXTRA_ATTEMPTS
-    ):
+    if not is_int_between(extra_attempts, 1, MAX_EXTRA_ATTEMPTS):
         raise ValueError(
             f"extra_attempts must be an integer from 1 to {MAX_EXTRA_ATTEMPTS}, "
             f"got {extra_attempts!r}"

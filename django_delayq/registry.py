@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -32,13 +32,25 @@ F = TypeVar("F", bound=HandlerFunc)
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
 
 
+def check_text(value: object, name: str, max_length: int, where: str = "") -> str:
+    """``value`` if it is a str of at most ``max_length`` characters, else a
+    ``TypeError`` or ``ValueError`` that names ``name`` (after ``where``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where}{name} must be a str, got {type(value).__name__}")
+    if len(value) > max_length:
+        raise ValueError(f"{where}{name} is {len(value)} characters, over {max_length}")
+    return value
+
+
+def is_int_between(value: object, low: int, high: int) -> TypeGuard[int]:
+    """Whether ``value`` is an int (a bool is not) from ``low`` to ``high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def validate_queue_name(queue: object) -> str:
-    if not isinstance(queue, str):
-        raise TypeError(f"queue name must be a str, got {type(queue).__name__}")
+    queue = check_text(queue, "queue name", QUEUE_MAX_LENGTH)
     if not queue:
         raise ValueError("queue name must not be empty")
-    if len(queue) > QUEUE_MAX_LENGTH:
-        raise ValueError(f"queue name is {len(queue)} characters, over {QUEUE_MAX_LENGTH}")
     if not QUEUE_NAME_RE.fullmatch(queue):
         raise ValueError(
             f"queue name {queue!r} may only hold letters, digits and _ . : - "
@@ -48,10 +60,7 @@ def validate_queue_name(queue: object) -> str:
 
 
 def validate_kind(kind: object) -> str:
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be a str, got {type(kind).__name__}")
-    if len(kind) > KIND_MAX_LENGTH:
-        raise ValueError(f"kind is {len(kind)} characters, over {KIND_MAX_LENGTH}")
+    kind = check_text(kind, "kind", KIND_MAX_LENGTH)
     if "\x00" in kind:
         # PostgreSQL's text cannot hold it; the other databases would store it.
         raise ValueError(f"kind contains a NUL character (\\x00): {kind!r}")
@@ -62,11 +71,7 @@ def validate_max_attempts(max_attempts: object) -> int | None:
     """None (the handler's or the setting's value), or an int from 1 to ``MAX_ATTEMPTS_LIMIT``."""
     if max_attempts is None:
         return None
-    if (
-        isinstance(max_attempts, bool)
-        or not isinstance(max_attempts, int)
-        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
-    ):
+    if not is_int_between(max_attempts, 1, MAX_ATTEMPTS_LIMIT):
         raise ValueError(
             f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT} or None, "
             f"got {max_attempts!r}"

@@ -384,6 +384,18 @@ SEARCH_HELP = mark_safe(  # noqa: S308 - a constant
     "All terms must match: <code>companyId=3345 status=new</code>."
 )
 
+# The change page's timeline: its own fieldset, and all read-only.
+TIMELINE = (
+    "created_at",
+    "first_scheduled",
+    "due_display",
+    "attempts",
+    "redelivery",
+    "last_attempt_time",
+    "finished_at",
+    "updated_at",
+)
+
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
@@ -425,21 +437,7 @@ class MessageAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("queue", "key", "kind", "status_display", "priority", "max_attempts")}),
         (gettext_lazy("Payload"), {"fields": ("payload",)}),
-        (
-            gettext_lazy("Timeline"),
-            {
-                "fields": (
-                    "created_at",
-                    "first_scheduled",
-                    "due_display",
-                    "attempts",
-                    "redelivery",
-                    "last_attempt_time",
-                    "finished_at",
-                    "updated_at",
-                )
-            },
-        ),
+        (gettext_lazy("Timeline"), {"fields": TIMELINE}),
         (gettext_lazy("Worker"), {"fields": ("lock_display",)}),
         (gettext_lazy("Last error"), {"fields": ("error_display", "traceback_display")}),
     )
@@ -449,14 +447,7 @@ class MessageAdmin(admin.ModelAdmin):
         "queue",
         "key",
         "status_display",
-        "created_at",
-        "first_scheduled",
-        "due_display",
-        "attempts",
-        "redelivery",
-        "last_attempt_time",
-        "finished_at",
-        "updated_at",
+        *TIMELINE,
         "lock_display",
         "error_display",
         "traceback_display",

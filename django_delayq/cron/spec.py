@@ -20,10 +20,10 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import cached_property, wraps
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -34,7 +34,7 @@ from django_delayq import clock
 from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
-from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.registry import is_int_between, validate_kind, validate_queue_name
 
 if TYPE_CHECKING:
     from django_delayq.models import Message
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_delayq.worker")
 
 F = TypeVar("F", bound="HandlerFunc")
+P = ParamSpec("P")
 
 KEY_PREFIX = "cron:"
 # Both matched whole (``fullmatch``): ``$`` would also match before a final newline.
@@ -372,7 +373,7 @@ def _check_timezone(value: object) -> str:
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_int_between(value, low, high):
         raise ScheduleError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     return value
 
@@ -391,9 +392,11 @@ def build_schedule(
     catch_up: str = "skip",
     ahead: int = DEFAULT_AHEAD,
     grace: timedelta | int | float | None = None,
-    source: str = "settings",
 ) -> Schedule:
-    """Validate the options and return the :class:`Schedule`; raise :class:`ScheduleError`."""
+    """Validate the options and return the :class:`Schedule`; raise :class:`ScheduleError`.
+
+    Its ``source`` is "settings"; :func:`schedule` makes it "code".
+    """
     from django_delayq.payload import check_payload
 
     name = check_name(name)
@@ -461,7 +464,6 @@ def build_schedule(
         catch_up=catch_up,
         ahead=ahead,
         grace=grace_td,
-        source=source,
     )
     if cron is not None:
         # Valid syntax that never matches a date ("0 0 30 2 *").
@@ -493,21 +495,26 @@ def parse_schedule(name: str, options: object) -> Schedule:
 _declared: dict[str, Schedule] = {}
 
 
-def schedule(
-    name: str,
-    *,
-    queue: str,
-    cron: str | None = None,
-    every: timedelta | int | float | None = None,
-    payload: Any = None,
-    kind: str = "",
-    priority: int = 0,
-    max_attempts: int | None = None,
-    timezone: str | None = None,
-    catch_up: str = "skip",
-    ahead: int = DEFAULT_AHEAD,
-    grace: timedelta | int | float | None = None,
-) -> Schedule:
+def _declaring(build: Callable[P, Schedule], doc: str) -> Callable[P, Schedule]:
+    """``build``'s schedule, declared in code; ``build``'s options (its signature and
+    type hints), and ``doc``."""
+
+    @wraps(build)
+    def declare(*args: P.args, **kwargs: P.kwargs) -> Schedule:
+        result = replace(build(*args, **kwargs), source="code")
+        existing = _declared.get(result.name)
+        if existing is not None and existing != result:
+            raise ImproperlyConfigured(f"schedule {result.name!r} is declared twice, differently")
+        _declared[result.name] = result
+        return result
+
+    declare.__name__ = declare.__qualname__ = "schedule"
+    declare.__doc__ = doc
+    return declare
+
+
+schedule = _declaring(
+    build_schedule,
     """Declare a schedule in code (an app's ``handlers.py``); same options as the setting.
 
     Call it, or use it as a decorator over the function that handles the
@@ -519,27 +526,8 @@ def schedule(
     Options are validated here, so a typo fails at import, like
     ``@handler``'s. A ``DELAYQ["SCHEDULES"]`` entry of the same name
     replaces the declaration (``None`` switches it off).
-    """
-    result = build_schedule(
-        name,
-        queue=queue,
-        cron=cron,
-        every=every,
-        payload=payload,
-        kind=kind,
-        priority=priority,
-        max_attempts=max_attempts,
-        timezone=timezone,
-        catch_up=catch_up,
-        ahead=ahead,
-        grace=grace,
-        source="code",
-    )
-    existing = _declared.get(name)
-    if existing is not None and existing != result:
-        raise ImproperlyConfigured(f"schedule {name!r} is declared twice, differently")
-    _declared[name] = result
-    return result
+    """,
+)
 
 
 def unregister_schedule(name: str) -> None:

@@ -678,36 +678,33 @@ def run_now(rows: QuerySet[Any], now: datetime | Expression) -> int:
 
 def retry(rows: QuerySet[Any], extra_attempts: int, now: datetime | Expression) -> int:
     """Send finished rows back to pending, due now, with ``extra_attempts`` more attempts."""
-    changes = {
-        "status": Status.PENDING,
-        "next_attempt_time": now,
-        "max_attempts": F("attempt_count") + extra_attempts,
-        "finished_at": None,
-        "lock_token": None,
-        "superseded_at": None,
-        "updated_at": now,
-    }
-    return rows.update(**fit(rows.model, changes))
+    max_attempts = F("attempt_count") + extra_attempts
+    return _set_status(rows, Status.PENDING, now, now, max_attempts=max_attempts, finished_at=None)
 
 
 def cancel(rows: QuerySet[Any], now: datetime | Expression) -> int:
     """Finish waiting rows as ``cancelled``."""
-    changes = {
-        "status": Status.CANCELLED,
-        "next_attempt_time": None,
-        "finished_at": now,
-        "lock_token": None,
-        "superseded_at": None,
-        "updated_at": now,
-    }
-    return rows.update(**fit(rows.model, changes))
+    return _set_status(rows, Status.CANCELLED, None, now, finished_at=now)
 
 
 def reschedule(rows: QuerySet[Any], when: datetime, now: datetime | Expression) -> int:
     """Make waiting rows pending, due at ``when``."""
+    return _set_status(rows, Status.PENDING, when, now)
+
+
+def _set_status(
+    rows: QuerySet[Any],
+    status: Status,
+    due: datetime | Expression | None,
+    now: datetime | Expression,
+    **more: Any,
+) -> int:
+    """Give rows ``status``, due at ``due``, and ``more``: held by no worker (no lock
+    token) and with no newer version waiting (``superseded_at``)."""
     changes = {
-        "status": Status.PENDING,
-        "next_attempt_time": when,
+        "status": status,
+        "next_attempt_time": due,
+        **more,
         "lock_token": None,
         "superseded_at": None,
         "updated_at": now,

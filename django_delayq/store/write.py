@@ -230,7 +230,12 @@ def insert(
     )
     if can.returning:
         names = {"table": table, "queue": qn("queue"), "key": qn("key")}
-        clash = "update_conflicts" if on_conflict == "update" else "ignore_conflicts"
+        clash = "ignore_conflicts"
+        if on_conflict == "update":
+            # update_conflicts is shared; its comparisons are the database's own.
+            clash = "update_conflicts"
+            names["distinct"] = statement("distinct", can)
+            names["payload_distinct"] = statement("payload_distinct", can).format(**names)
         sql += " " + statement(clash, can).format(**names)
         if returning == "keys":
             sql += f" RETURNING {qn('id')}, {qn('key')}"
@@ -326,6 +331,12 @@ def bulk_load(connection: BaseDatabaseWrapper, shared: Message, on_conflict: str
 # -- writing -----------------------------------------------------------------------------
 
 
+# One write() call, what each chunk of its keys is written with: the connection,
+# the template, the encoded payloads, the payloads and on_conflict (a plain
+# tuple: no dearer than passing them one by one).
+_Batch = tuple[BaseDatabaseWrapper, Message, Mapping[str, str], Mapping[str, Any], str]
+
+
 def write(
     connection: BaseDatabaseWrapper,
     shared: Message,
@@ -347,23 +358,17 @@ def write(
     """
     can = features(connection)
     ordered = sorted(keys)
+    batch: _Batch = (connection, shared, encoded, payloads, on_conflict)
     if not can.returning:
-        return _write_without_returning(connection, shared, ordered, encoded, payloads, on_conflict)
+        return _write_without_returning(batch, ordered)
     out: Written = {}
     for chunk in _chunks(ordered, encoded, CHUNK_ROWS, None):
-        out.update(_write_chunk(connection, shared, chunk, encoded, payloads, on_conflict, wake))
+        out.update(_write_chunk(batch, chunk, wake))
     return out
 
 
-def _write_chunk(
-    connection: BaseDatabaseWrapper,
-    shared: Message,
-    keys: list[str],
-    encoded: Mapping[str, str],
-    payloads: Mapping[str, Any],
-    on_conflict: str,
-    wake: str | None,
-) -> Written:
+def _write_chunk(batch: _Batch, keys: list[str], wake: str | None) -> Written:
+    connection, shared, encoded, payloads, on_conflict = batch
     can = features(connection)
     statement_ = _json_insert(connection, on_conflict, wake is not None)
     params = statement_.params(shared, connection)
@@ -427,14 +432,7 @@ class _Raced(DelayQError):
         self.existing = existing  # how many of the chunk's keys were found
 
 
-def _write_without_returning(
-    connection: BaseDatabaseWrapper,
-    shared: Message,
-    keys: list[str],
-    encoded: Mapping[str, str],
-    payloads: Mapping[str, Any],
-    on_conflict: str,
-) -> Written:
+def _write_without_returning(batch: _Batch, keys: list[str]) -> Written:
     """Per chunk, inside a savepoint: read the existing rows (locked when they may be
     updated), insert the others with ``INSERT IGNORE`` from one JSON document, and read
     back their ids.
@@ -448,6 +446,7 @@ def _write_without_returning(
     previous one means the column's collation merged two different keys
     (``django_delayq.W050``): that is an error, not a race.
     """
+    connection, shared, encoded, _, on_conflict = batch
     out: Written = {}
     for chunk in _chunks(keys, encoded, CHUNK_ROWS, CHUNK_BYTES):
         seen = -1
@@ -455,11 +454,7 @@ def _write_without_returning(
             try:
                 with transaction.atomic(using=connection.alias):
                     lock: bool | str = "update" if on_conflict == "update" else round_ > 0
-                    out.update(
-                        _write_chunk_without_returning(
-                            connection, shared, chunk, encoded, payloads, on_conflict, lock
-                        )
-                    )
+                    out.update(_write_chunk_without_returning(batch, chunk, lock))
                 break
             except _Raced as raced:
                 if raced.existing == seen:
@@ -480,15 +475,8 @@ def _write_without_returning(
     return out
 
 
-def _write_chunk_without_returning(
-    connection: BaseDatabaseWrapper,
-    shared: Message,
-    keys: list[str],
-    encoded: Mapping[str, str],
-    payloads: Mapping[str, Any],
-    on_conflict: str,
-    lock: bool | str,
-) -> Written:
+def _write_chunk_without_returning(batch: _Batch, keys: list[str], lock: bool | str) -> Written:
+    connection, shared, encoded, payloads, on_conflict = batch
     existing = {m.key: m for m in _read(connection, shared.queue, keys, lock)}
     new = [k for k in keys if k not in existing]
     out: Written = {}

@@ -28,13 +28,14 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq.models import Message
 from django_delayq.store import changes
-from django_delayq.worker.execute import lease_lost, record_success, settle
+from django_delayq.worker.execute import lease_lost, record_success, settle, unrecorded
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -103,20 +104,17 @@ class AckBuffer:
 
     def _flush(self, batch: list[tuple[Message, uuid.UUID, float]]) -> None:
         reset_queries()  # DEBUG's query log of this thread's connection
-        held: dict[uuid.UUID, list[int]] = defaultdict(list)
-        for message, token, _ in batch:
-            held[token].append(message.pk)
+        held = by_token(batch)
         try:
             mine = _settle_pairs(self.using, lambda: changes.ack_held(held, using=self.using))
         except DatabaseError:
-            # As when a single acknowledgement cannot be recorded: the
-            # messages keep their lease and are redelivered when it expires.
-            logger.exception(
+            # As when a single acknowledgement cannot be recorded.
+            unrecorded(
+                self.using,
                 "could not record the success of %d message(s); they will be redelivered "
                 "when their lease expires",
                 len(batch),
             )
-            connections[self.using].close()
             return
         for message, token, duration in batch:
             if (message.pk, token) in mine:
@@ -125,6 +123,16 @@ class AckBuffer:
                 lease_lost(message)
                 if self.on_lost is not None:
                     self.on_lost(message)
+
+
+def by_token(
+    items: Iterable[tuple[Message, uuid.UUID] | tuple[Message, uuid.UUID, float]],
+) -> dict[uuid.UUID, list[Any]]:
+    """The ids of ``(message, token, ...)`` items by lock token (``changes.ack_held``'s)."""
+    held: defaultdict[uuid.UUID, list[Any]] = defaultdict(list)
+    for item in items:
+        held[item[1]].append(item[0].pk)
+    return held
 
 
 def _settle_pairs(

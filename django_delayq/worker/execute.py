@@ -18,9 +18,10 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from django.db import InterfaceError, OperationalError, connections, transaction
+from django.dispatch import Signal
 
 from django_delayq import signals
 from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
@@ -171,33 +172,16 @@ def execute(
             f"gave up: attempt {message.attempt_count - 1} of {limit} ended without an "
             "outcome (worker crash or lease expiry)"
         )
-        if not settle(
+        return _record(
+            Result.FAILED,
+            {"error": error, "retry_at": None},
+            ("message %s (%s/%s) %s", message.pk, message.queue, message.key, error),
+            message,
+            token,
             using,
-            lambda: changes.fail(
-                message.pk, token, error=error, retry_at=None, using=using, model=type(message)
-            ),
-        ):
-            return lease_lost(message)
-
-        def abandoned() -> None:
-            logger.error(
-                "message %s (%s/%s) %s",
-                message.pk,
-                message.queue,
-                message.key,
-                error,
-                extra=message_fields(message, outcome=Result.FAILED),
-            )
-            signals.send(
-                signals.message_failed,
-                message=message,
-                attempt=message.attempt_count,
-                exception=MessageAbandoned(error),
-                using=using,
-            )
-
-        _announce(later, abandoned)
-        return Result.FAILED
+            later,
+            exception=MessageAbandoned(error),
+        )
     signals.send(
         signals.message_started, message=message, attempt=message.attempt_count, using=using
     )
@@ -215,70 +199,31 @@ def execute(
     except _LeaseLost:
         return lease_lost(message)
     except Retry as exc:
-        delay = exc.delay
-        cap = max_attempts_of(message, spec) + 1
-        if not settle(
+        return _record(
+            Result.SNOOZED,
+            {"run_at": exc.delay, "max_attempts": max_attempts_of(message, spec) + 1},
+            ("message %s snoozed for %s %s", message.pk, exc.delay, exc.reason),
+            message,
+            token,
             using,
-            lambda: changes.snooze(
-                message.pk,
-                token,
-                run_at=delay,
-                max_attempts=cap,
-                using=using,
-                model=type(message),
-            ),
-        ):
-            return lease_lost(message)
-        duration = time.monotonic() - started
-
-        def snoozed(exc: Retry = exc) -> None:
-            logger.info(
-                "message %s snoozed for %s %s",
-                message.pk,
-                delay,
-                exc.reason,
-                extra=message_fields(message, outcome=Result.SNOOZED, duration=duration),
-            )
-            signals.send(
-                signals.message_retried,
-                message=message,
-                attempt=message.attempt_count,
-                exception=exc,
-                delay=delay,
-                using=using,
-            )
-
-        _announce(later, snoozed)
-        return Result.SNOOZED
+            later,
+            started=started,
+            exception=exc,
+            delay=exc.delay,
+        )
     except Discard as exc:
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
-        if not settle(
+        return _record(
+            Result.DISCARDED,
+            {"error": error, "retry_at": None},
+            ("message %s discarded: %s", message.pk, exc.reason),
+            message,
+            token,
             using,
-            lambda: changes.fail(
-                message.pk, token, error=error, retry_at=None, using=using, model=type(message)
-            ),
-        ):
-            return lease_lost(message)
-        duration = time.monotonic() - started
-        reason = exc.reason
-
-        def discarded() -> None:
-            logger.info(
-                "message %s discarded: %s",
-                message.pk,
-                reason,
-                extra=message_fields(message, outcome=Result.DISCARDED, duration=duration),
-            )
-            signals.send(
-                signals.message_discarded,
-                message=message,
-                attempt=message.attempt_count,
-                reason=reason,
-                using=using,
-            )
-
-        _announce(later, discarded)
-        return Result.DISCARDED
+            later,
+            started=started,
+            reason=exc.reason,
+        )
     except BaseException as exc:
         # Not only Exceptions: a handler (or library code under it) may raise
         # asyncio.CancelledError, KeyboardInterrupt or SystemExit. Any of them
@@ -362,65 +307,85 @@ def _record_failure(
 ) -> Result:
     retry_in = _retry_time(message, spec, exc)
     error = describe(exc)
-    if not settle(
-        using,
-        lambda: changes.fail(
-            message.pk,
+    values = {
+        "error": error,
+        "traceback": _clean(tb),
+        "retry_at": None,
+        "retry_in": retry_in,
+        "skip_locked": skip_locked,
+    }
+    where = (message.pk, message.queue, message.key, message.attempt_count)
+    if retry_in is None:
+        return _record(
+            Result.FAILED,
+            values,
+            ("message %s (%s/%s) failed after %s attempt(s): %s", *where, error),
+            message,
             token,
-            error=error,
-            traceback=_clean(tb),
-            retry_at=None,
-            retry_in=retry_in,
-            using=using,
-            model=type(message),
-            skip_locked=skip_locked,
-        ),
-    ):
-        return lease_lost(message)
-
-    def failed() -> None:
-        if retry_in is None:
+            using,
+            later,
             # The last attempt's traceback (when the handler raised), so that
             # this one line says everything about the failure.
-            logger.error(
-                "message %s (%s/%s) failed after %s attempt(s): %s",
-                message.pk,
-                message.queue,
-                message.key,
-                message.attempt_count,
-                error,
-                exc_info=(type(exc), exc, exc.__traceback__) if tb else None,
-                extra=message_fields(message, outcome=Result.FAILED),
-            )
-            signals.send(
-                signals.message_failed,
-                message=message,
-                attempt=message.attempt_count,
-                exception=exc,
-                using=using,
-            )
-            return
-        logger.warning(
-            "message %s (%s/%s) attempt %s failed, retrying in %s: %s",
-            message.pk,
-            message.queue,
-            message.key,
-            message.attempt_count,
-            retry_in,
-            error,
-            extra=message_fields(message, outcome=Result.RETRYING),
-        )
-        signals.send(
-            signals.message_retried,
-            message=message,
-            attempt=message.attempt_count,
+            exc_info=(type(exc), exc, exc.__traceback__) if tb else None,
             exception=exc,
-            delay=retry_in,
-            using=using,
         )
+    return _record(
+        Result.RETRYING,
+        values,
+        ("message %s (%s/%s) attempt %s failed, retrying in %s: %s", *where, retry_in, error),
+        message,
+        token,
+        using,
+        later,
+        exception=exc,
+        delay=retry_in,
+    )
 
-    _announce(later, failed)
-    return Result.FAILED if retry_in is None else Result.RETRYING
+
+# What records each outcome but success, the signal that announces it and its log level.
+_OUTCOMES: dict[Result, tuple[Callable[..., int], Signal, int]] = {
+    Result.SNOOZED: (changes.snooze, signals.message_retried, logging.INFO),
+    Result.RETRYING: (changes.fail, signals.message_retried, logging.WARNING),
+    Result.FAILED: (changes.fail, signals.message_failed, logging.ERROR),
+    Result.DISCARDED: (changes.fail, signals.message_discarded, logging.INFO),
+}
+
+
+def _record(
+    result: Result,
+    values: dict[str, Any],
+    log: tuple[Any, ...],
+    message: Message,
+    token: uuid.UUID,
+    using: str,
+    later: list[Callable[[], None]] | None,
+    *,
+    started: float | None = None,
+    exc_info: Any = None,
+    **sent: Any,
+) -> Result:
+    """Record how an attempt ended (``values`` go to ``changes.fail`` or ``snooze``), then
+    log and signal it once the statement is committed (see :func:`_announce`).
+
+    ``log`` is the log line and its arguments; with ``started``, the record
+    carries the attempt's duration. ``sent`` are the signal's arguments
+    beside the message, its attempt and the database.
+    """
+    write, signal, level = _OUTCOMES[result]
+    if not settle(
+        using, lambda: write(message.pk, token, using=using, model=type(message), **values)
+    ):
+        return lease_lost(message)
+    fields = {} if started is None else {"duration": time.monotonic() - started}
+
+    def announce() -> None:
+        logger.log(
+            level, *log, exc_info=exc_info, extra=message_fields(message, outcome=result, **fields)
+        )
+        signals.send(signal, message=message, attempt=message.attempt_count, using=using, **sent)
+
+    _announce(later, announce)
+    return result
 
 
 def _announce(later: list[Callable[[], None]] | None, announce: Callable[[], None]) -> None:
@@ -436,6 +401,14 @@ def _announce(later: list[Callable[[], None]] | None, announce: Callable[[], Non
         announce()
     else:
         later.append(announce)
+
+
+def unrecorded(using: str, text: str, *args: Any, **log: Any) -> None:
+    """Outcomes could not be committed (the database went away, a receiver raised):
+    log ``text`` with the traceback and close the connection. The messages keep
+    their leases and are redelivered when they expire."""
+    logger.exception(text, *args, stacklevel=2, **log)
+    connections[using].close()
 
 
 def lease_lost(message: Message) -> Result:

@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +29,8 @@ from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.store import changes
-from django_delayq.worker.acks import AckBuffer
-from django_delayq.worker.execute import Result, execute, lease_lost
+from django_delayq.worker.acks import AckBuffer, by_token
+from django_delayq.worker.execute import Result, execute, lease_lost, unrecorded
 from django_delayq.worker.inflight import Book, InFlight
 
 logger = logging.getLogger("django_delayq.worker")
@@ -142,17 +141,14 @@ class Runner:
             acks = self.acks if isinstance(item.row, Message) else None
             return execute(item.row, item.token, using=self.using, acks=acks)
         except BaseException:
-            # The outcome could not be recorded (the database went away, a
-            # receiver raised): the message keeps its lease and is
-            # redelivered when it expires. BaseException: nothing may kill
-            # the executor thread.
-            logger.exception(
+            # BaseException: nothing may kill the executor thread.
+            unrecorded(
+                self.using,
                 "could not record the outcome of message %s; it will be redelivered "
                 "when its lease expires",
                 item.row.pk,
                 extra=message_fields(item.row, outcome=Result.UNRECORDED),
             )
-            connections[self.using].close()
             return Result.UNRECORDED
 
     # -- groups of atomic handlers --------------------------------------------
@@ -221,12 +217,12 @@ class Runner:
         except BaseException:
             # BaseException: whatever escapes (a receiver's KeyboardInterrupt
             # too) must not kill the executor thread.
-            logger.exception(
+            unrecorded(
+                self.using,
                 "could not commit the outcome of %d message(s); they will be redelivered "
                 "when their leases expire",
                 len(done),
             )
-            connections[self.using].close()
             done = [(member, Result.UNRECORDED, elapsed) for member, _, elapsed in done]
             later = []
         for announce in later:
@@ -246,11 +242,8 @@ class Runner:
         """
         if not pending:
             return
-        held: dict[uuid.UUID, list[int]] = defaultdict(list)
-        for message, token in pending:
-            held[token].append(message.pk)
         model = next(iter(members.values())).lane.model
-        mine = changes.ack_held(held, using=self.using, model=model)
+        mine = changes.ack_held(by_token(pending), using=self.using, model=model)
         lost = {
             members[(model, message.pk)]
             for message, token in pending

@@ -78,7 +78,11 @@ USES: dict[str, Use] = {
     "json_rows_payload": use(always),
     "insert_rows": use(always, "table", "columns", "values", "source"),
     "ignore_conflicts": use(lambda f: f.returning, "table", "queue", "key"),
-    "update_conflicts": use(lambda f: f.returning, "table", "queue", "key"),
+    "update_conflicts": use(
+        lambda f: f.returning, "table", "queue", "key", "distinct", "payload_distinct"
+    ),
+    "distinct": use(lambda f: f.returning),
+    "payload_distinct": use(lambda f: f.returning, "table"),
     "inserted": use(lambda f: f.returning and f.inserted_flag),
     "with_notify": use(lambda f: f.notify, "insert"),
     "notify": use(lambda f: f.notify),

@@ -18,6 +18,7 @@ Layout:
 
 from __future__ import annotations
 
+from django_delayq.conf import MAX_DELAY
 from django_delayq.exceptions import DelayQError
 
 INSTALL_HINT = 'pip install "django-delayq[spark]"'
@@ -30,6 +31,20 @@ class PipelineError(DelayQError):
     ``manage.py delayq_pipeline`` turns it into a one-line error and exit
     status 2.
     """
+
+
+def check_seconds(option: str, seconds: float | None) -> None:
+    """Raise :class:`PipelineError` unless ``seconds`` (of ``option``) is None or
+    from 0 to ``MAX_DELAY``."""
+    if seconds is None:
+        return
+    if seconds < 0:
+        raise PipelineError(f"{option} must not be negative, got {seconds:g}")
+    if not seconds <= MAX_DELAY.total_seconds():
+        raise PipelineError(
+            f"{option} must be at most {MAX_DELAY.days} days "
+            f"({MAX_DELAY.total_seconds():.0f} s), got {seconds:g}"
+        )
 
 
 def require_pyspark() -> None:

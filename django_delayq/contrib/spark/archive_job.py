@@ -45,8 +45,8 @@ from django.db import connections
 from django.db.models import Count, Max, Min
 
 from django_delayq import clock
-from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
-from django_delayq.contrib.spark import PipelineError, database, dbapi, jdbc
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.contrib.spark import PipelineError, check_seconds, database, dbapi, jdbc
 from django_delayq.contrib.spark.storage import Storage
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import Message
@@ -102,13 +102,7 @@ class ArchiveSummary:
 def validate_options(options: ArchiveOptions) -> ArchiveOptions:
     if not options.dest:
         raise PipelineError("--dest is required")
-    if options.older_than is not None and options.older_than < 0:
-        raise PipelineError(f"--older-than must not be negative, got {options.older_than:g}")
-    if options.older_than is not None and not options.older_than <= MAX_DELAY.total_seconds():
-        raise PipelineError(
-            f"--older-than must be at most {MAX_DELAY.days} days "
-            f"({MAX_DELAY.total_seconds():.0f} s), got {options.older_than:g}"
-        )
+    check_seconds("--older-than", options.older_than)
     unknown = [s for s in options.statuses if s not in FINISHED]
     if unknown or not options.statuses:
         raise PipelineError(

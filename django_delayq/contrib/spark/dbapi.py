@@ -77,18 +77,22 @@ class LoadCounts:
     rows: int = 0
     created: int = 0
     updated: int = 0
-    ignored: int = 0
     transactions: int = 0
     notifies: int = 0
+
+    @property
+    def ignored(self) -> int:
+        """Rows that changed nothing: their key was there already, or repeated in the batch."""
+        return self.rows - self.created - self.updated
 
     def add(self, rows: int, created: int, updated: int) -> None:
         self.rows += rows
         self.created += created
         self.updated += updated
-        self.ignored += rows - created - updated
         self.transactions += 1
 
     def as_tuple(self) -> tuple[int, int, int, int, int, int]:
+        """``(rows, created, updated, ignored, transactions, notifies)``."""
         return (
             self.rows,
             self.created,

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from django_delayq import clock
-from django_delayq.conf import MAX_DELAY, get_config
-from django_delayq.contrib.spark import PipelineError, database, dbapi
+from django_delayq.conf import get_config
+from django_delayq.contrib.spark import PipelineError, check_seconds, database, dbapi
 from django_delayq.contrib.spark.storage import java_message
 from django_delayq.enqueuing import check_priority
 from django_delayq.models import KEY_MAX_LENGTH
@@ -202,13 +202,7 @@ def validate_options(options: EnqueueOptions) -> EnqueueOptions:
         raise PipelineError(str(exc)) from exc
     if options.delay is not None and options.run_at_column is not None:
         raise PipelineError("pass either --delay or --run-at-column, not both")
-    if options.delay is not None and options.delay < 0:
-        raise PipelineError(f"--delay must not be negative, got {options.delay:g}")
-    if options.delay is not None and not options.delay <= MAX_DELAY.total_seconds():
-        raise PipelineError(
-            f"--delay must be at most {MAX_DELAY.days} days "
-            f"({MAX_DELAY.total_seconds():.0f} s), got {options.delay:g}"
-        )
+    check_seconds("--delay", options.delay)
     if options.on_conflict not in ON_CONFLICT:
         raise PipelineError(f"--on-conflict must be ignore or update, got {options.on_conflict!r}")
     if options.partitions is not None and options.partitions < 1:

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import fields
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.contrib.spark import PipelineError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+JobOptions = TypeVar("JobOptions", bound="DataclassInstance")
 
 FORMATS = ("csv", "parquet", "json")
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -35,6 +41,15 @@ def _day(text: str) -> date:
         return date.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def _job_options(
+    options_class: type[JobOptions], given: dict[str, Any], **named: Any
+) -> JobOptions:
+    """A job's options (a dataclass): ``named``, and every other field from the
+    command's option of the same name."""
+    names = [f.name for f in fields(options_class) if f.name not in named]
+    return options_class(**{name: given[name] for name in names}, **named)
 
 
 def _spark_options(parser: argparse.ArgumentParser, database: bool = True) -> None:
@@ -147,22 +162,7 @@ class Command(BaseCommand):
         from django_delayq.contrib.spark import enqueue_job
 
         options = enqueue_job.validate_options(
-            enqueue_job.EnqueueOptions(
-                source=o["source"],
-                queue=o["queue"],
-                format=o["format"],
-                key_column=o["key_column"],
-                payload_columns=o["payload_columns"],
-                kind=o["kind"],
-                priority=o["priority"],
-                delay=o["delay"],
-                run_at_column=o["run_at_column"],
-                on_conflict=o["on_conflict"],
-                partitions=o["partitions"],
-                database=o["database"],
-                max_reject_rate=o["max_reject_rate"],
-                rejects_path=o["rejects"],
-            )
+            _job_options(enqueue_job.EnqueueOptions, o, rejects_path=o["rejects"])
         )
         s = enqueue_job.run_enqueue(self._session(o["master"]), options)
         self.stdout.write(
@@ -184,13 +184,11 @@ class Command(BaseCommand):
         from django_delayq.contrib.spark import archive_job
 
         options = archive_job.validate_options(
-            archive_job.ArchiveOptions(
-                dest=o["dest"],
-                older_than=o["older_than"],
+            _job_options(
+                archive_job.ArchiveOptions,
+                o,
                 queues=tuple(o["queues"]),
                 statuses=tuple(dict.fromkeys(o["status"])),
-                dry_run=o["dry_run"],
-                database=o["database"],
             )
         )
         if options.dry_run:
@@ -235,15 +233,7 @@ class Command(BaseCommand):
     def _report(self, o: dict[str, Any]) -> Any:
         from django_delayq.contrib.spark import report_job
 
-        options = report_job.validate_options(
-            report_job.ReportOptions(
-                source=o["source"],
-                out=o["out"],
-                since=o["since"],
-                include_live=o["include_live"],
-                database=o["database"],
-            )
-        )
+        options = report_job.validate_options(_job_options(report_job.ReportOptions, o))
         spark = self._session(o["master"])
         from django_delayq.contrib.spark import render
 

@@ -9,8 +9,10 @@ Each ``.sql`` file holds blocks like::
 ``statement(name, features)`` returns the block for that database
 (``postgresql.sql``, ``sqlite.sql``, ``mysql.sql``), else the shared one
 (``common.sql``). Placeholders in braces are table and column names, quoted
-by the caller (``str.format``); ``%s`` are the statement's parameters.
-Everything else the store sends is compiled by Django.
+by the caller (``str.format``), or fragments that differ by database where a
+shared statement names them (``update_conflicts``' ``{distinct}``); ``%s``
+are the statement's parameters. Everything else the store sends is compiled
+by Django.
 """
 
 from __future__ import annotations

@@ -21,6 +21,40 @@ INSERT INTO {table} ({columns}) SELECT {values} FROM {source}
 -- An existing (queue, key) keeps its message: the new row is skipped.
 ON CONFLICT ({queue}, {key}) DO NOTHING
 
+-- name: update_conflicts
+-- on_conflict="update": an existing key gets the new content and schedule
+-- (a finished message runs again, from attempt 1), unless nothing differs.
+-- A running message keeps its attempt (lock token and lease): the new
+-- version waits (superseded_at) and is due at its scheduled time once that
+-- attempt ends, so it never runs beside it. {distinct} and {payload_distinct}
+-- are the database's own comparisons (the fragments of the same names).
+ON CONFLICT ({queue}, {key}) DO UPDATE SET
+    "payload" = excluded."payload",
+    "kind" = excluded."kind",
+    "priority" = excluded."priority",
+    "max_attempts" = excluded."max_attempts",
+    "scheduled_time" = excluded."scheduled_time",
+    "updated_at" = excluded."updated_at",
+    "next_attempt_time" = CASE WHEN {table}."status" = 'running'
+        THEN {table}."next_attempt_time" ELSE excluded."next_attempt_time" END,
+    "superseded_at" = CASE WHEN {table}."status" = 'running'
+        THEN excluded."updated_at" ELSE NULL END,
+    "attempt_count" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
+        THEN 0 ELSE {table}."attempt_count" END,
+    "last_error" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
+        THEN '' ELSE {table}."last_error" END,
+    "last_traceback" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
+        THEN '' ELSE {table}."last_traceback" END,
+    "finished_at" = NULL,
+    "lock_token" = CASE WHEN {table}."status" = 'running' THEN {table}."lock_token" ELSE NULL END,
+    "status" = CASE WHEN {table}."status" = 'running' THEN 'running' ELSE 'pending' END
+WHERE {table}."status" <> 'pending'
+    OR {payload_distinct}
+    OR {table}."kind" {distinct} excluded."kind"
+    OR {table}."priority" {distinct} excluded."priority"
+    OR {table}."max_attempts" {distinct} excluded."max_attempts"
+    OR {table}."next_attempt_time" {distinct} excluded."next_attempt_time"
+
 -- name: distinct_values
 -- Distinct values of an indexed column by a "loose index scan": each step reads
 -- the next larger value off the index, so listing the 5 queues of a table of a

@@ -19,40 +19,15 @@ u.value->>0
 -- name: json_rows_payload
 u.value->1
 
--- name: update_conflicts
--- on_conflict="update": an existing key gets the new content and schedule
--- (a finished message runs again, from attempt 1), unless nothing differs.
--- Payloads compare as jsonb's text (keys in jsonb's order): jsonb equality
--- calls 1 and 1.0 equal, and the new payload's 1.0 would be dropped.
--- A running message keeps its attempt (lock token and lease): the new
--- version waits (superseded_at) and is due at its scheduled time once that
--- attempt ends, so it never runs beside it.
-ON CONFLICT ({queue}, {key}) DO UPDATE SET
-    "payload" = excluded."payload",
-    "kind" = excluded."kind",
-    "priority" = excluded."priority",
-    "max_attempts" = excluded."max_attempts",
-    "scheduled_time" = excluded."scheduled_time",
-    "updated_at" = excluded."updated_at",
-    "next_attempt_time" = CASE WHEN {table}."status" = 'running'
-        THEN {table}."next_attempt_time" ELSE excluded."next_attempt_time" END,
-    "superseded_at" = CASE WHEN {table}."status" = 'running'
-        THEN excluded."updated_at" ELSE NULL END,
-    "attempt_count" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
-        THEN 0 ELSE {table}."attempt_count" END,
-    "last_error" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
-        THEN '' ELSE {table}."last_error" END,
-    "last_traceback" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
-        THEN '' ELSE {table}."last_traceback" END,
-    "finished_at" = NULL,
-    "lock_token" = CASE WHEN {table}."status" = 'running' THEN {table}."lock_token" ELSE NULL END,
-    "status" = CASE WHEN {table}."status" = 'running' THEN 'running' ELSE 'pending' END
-WHERE {table}."status" <> 'pending'
-    OR {table}."payload"::text IS DISTINCT FROM excluded."payload"::text
-    OR {table}."kind" IS DISTINCT FROM excluded."kind"
-    OR {table}."priority" IS DISTINCT FROM excluded."priority"
-    OR {table}."max_attempts" IS DISTINCT FROM excluded."max_attempts"
-    OR {table}."next_attempt_time" IS DISTINCT FROM excluded."next_attempt_time"
+-- name: distinct
+-- update_conflicts' comparison: true when the two values differ, NULLs included.
+IS DISTINCT FROM
+
+-- name: payload_distinct
+-- Whether the stored payload differs from the new one: compared as jsonb's
+-- text (keys in jsonb's order), since jsonb equality calls 1 and 1.0 equal
+-- and the new payload's 1.0 would be dropped.
+{table}."payload"::text IS DISTINCT FROM excluded."payload"::text
 
 -- name: inserted
 -- Whether an upserted row was inserted (not updated): a new row version has no xmax.

@@ -13,36 +13,15 @@ json_extract(u.value, '$[0]')
 -- name: json_rows_payload
 json_extract(u.value, '$[1]')
 
--- name: update_conflicts
--- As PostgreSQL's. SQLite keeps JSON as text: payloads compare minified, and
--- enqueue writes every payload as encode_payload spells it, so that escapes
--- and key order match too.
-ON CONFLICT ({queue}, {key}) DO UPDATE SET
-    "payload" = excluded."payload",
-    "kind" = excluded."kind",
-    "priority" = excluded."priority",
-    "max_attempts" = excluded."max_attempts",
-    "scheduled_time" = excluded."scheduled_time",
-    "updated_at" = excluded."updated_at",
-    "next_attempt_time" = CASE WHEN {table}."status" = 'running'
-        THEN {table}."next_attempt_time" ELSE excluded."next_attempt_time" END,
-    "superseded_at" = CASE WHEN {table}."status" = 'running'
-        THEN excluded."updated_at" ELSE NULL END,
-    "attempt_count" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
-        THEN 0 ELSE {table}."attempt_count" END,
-    "last_error" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
-        THEN '' ELSE {table}."last_error" END,
-    "last_traceback" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')
-        THEN '' ELSE {table}."last_traceback" END,
-    "finished_at" = NULL,
-    "lock_token" = CASE WHEN {table}."status" = 'running' THEN {table}."lock_token" ELSE NULL END,
-    "status" = CASE WHEN {table}."status" = 'running' THEN 'running' ELSE 'pending' END
-WHERE {table}."status" <> 'pending'
-    OR json({table}."payload") IS NOT json(excluded."payload")
-    OR {table}."kind" IS NOT excluded."kind"
-    OR {table}."priority" IS NOT excluded."priority"
-    OR {table}."max_attempts" IS NOT excluded."max_attempts"
-    OR {table}."next_attempt_time" IS NOT excluded."next_attempt_time"
+-- name: distinct
+-- update_conflicts' comparison: true when the two values differ, NULLs included.
+IS NOT
+
+-- name: payload_distinct
+-- SQLite keeps JSON as text: payloads compare minified, and enqueue writes
+-- every payload as encode_payload spells it, so that escapes and key order
+-- match too.
+json({table}."payload") IS NOT json(excluded."payload")
 
 -- name: loaded_rows
 -- The Spark loader's rows in a temporary table, one per key: the first
