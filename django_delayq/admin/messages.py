@@ -39,7 +39,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from django_delayq import clock, operations, search
+from django_delayq import clock, durations, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
@@ -109,14 +109,7 @@ def register_view(
 
 def span(delta: timedelta) -> str:
     """A duration the way the list shows it: ``40 s``, ``5 min``, ``2 h``, ``3 d``."""
-    seconds = int(abs(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min"
-    if seconds < 86400:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} d"
+    return durations.human(delta.total_seconds(), durations.LIST, whole=True)
 
 
 def describe_due(message: Message, now: datetime | None = None) -> str:

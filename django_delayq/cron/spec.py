@@ -30,7 +30,7 @@ from croniter import croniter
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq import clock
+from django_delayq import clock, durations
 from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
@@ -301,11 +301,7 @@ def _micros(delta: timedelta) -> int:
 
 
 def _human(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    return durations.exact(int(delta.total_seconds()))
 
 
 # -- parsing and validation -------------------------------------------------------

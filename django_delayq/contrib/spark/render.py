@@ -14,6 +14,7 @@ import os
 from datetime import date
 from typing import Any
 
+from django_delayq import durations
 from django_delayq.contrib.spark.report_job import ATTEMPT_BUCKETS, Figures, Report
 
 HEADER = (
@@ -34,18 +35,7 @@ HEADER = (
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    magnitude = abs(seconds)
-    if magnitude < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if magnitude < 120:
-        return f"{seconds:.1f}s"
-    if magnitude < 7200:
-        return f"{seconds / 60:.1f}min"
-    if magnitude < 48 * 3600:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    return "-" if seconds is None else durations.human(seconds, durations.REPORT)
 
 
 def _percent(value: float) -> str:

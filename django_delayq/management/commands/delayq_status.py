@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_delayq import durations
 from django_delayq.liveness import held_by, workers
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
@@ -40,14 +41,7 @@ WORKER_COLUMNS = ("worker", "state", "queues", "threads", "running", "last seen"
 
 
 def human(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    if seconds < 1:
-        return "0s"
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    return durations.human(max(0.0, delta.total_seconds()), durations.STATUS)
 
 
 class Command(BaseCommand):
