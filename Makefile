@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo suite django6 screenshots bench bench-admin bench-pipeline chaos soak
+.PHONY: venv test demo docs suite django6 screenshots bench bench-admin bench-pipeline chaos soak
 
 venv:
 	scripts/dev.sh venv
@@ -15,6 +15,12 @@ suite:
 
 demo:
 	scripts/dev.sh demo
+
+# The documentation site (Sphinx + MyST, Furo) in docs/_build/html; warnings are
+# errors, links inside the site are checked, the references are generated from
+# the code. make test builds it too (and runs its examples with the suite).
+docs:
+	scripts/dev.sh docs
 
 # The matrix's Python 3.12 + Django 6.x leg alone (make test runs it after the suite).
 django6:

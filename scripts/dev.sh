@@ -2,12 +2,13 @@
 # One entry point for the project's jobs; the Makefile targets call it.
 #
 #   scripts/dev.sh venv    create .venv and install the package with its extras
-#   scripts/dev.sh test    lint, checks, the whole suite on PostgreSQL and SQLite (and its
+#   scripts/dev.sh test    lint, checks, the docs, the whole suite on PostgreSQL and SQLite (and its
 #                          core again on PostgreSQL with prepared statements), on
 #                          MariaDB/MySQL when one is reachable, then the Django 6 leg (below)
 #   scripts/dev.sh django6 the matrix's second leg: Python 3.12+ and Django 6.x in
 #                          .venv-dj6, checks plus the Tasks backend and a core smoke subset
 #   scripts/dev.sh demo    run the example project on its SQLite default
+#   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
 #
 # Works on a fresh Debian machine with Python 3.11+: what is missing (the
 # venv module, a PostgreSQL server) is installed when running as root.
@@ -30,7 +31,7 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
 }
 
-ensure_venv() {
+create_venv() {
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || {
     echo "Python 3.11+ is required (PYTHON=$PYTHON)" >&2; exit 2; }
   if [ ! -x "$PY" ]; then
@@ -41,7 +42,11 @@ ensure_venv() {
       "$PYTHON" -m venv "$VENV"
     fi
   fi
-  local extras="postgres,test,example,dev,spark"
+}
+
+ensure_venv() {
+  create_venv
+  local extras="postgres,test,example,dev,spark,docs"
   if ensure_mysqlclient_build; then
     extras="$extras,mysql"
   else
@@ -86,10 +91,39 @@ ensure_spark_runtime() {
 
 run_checks() {
   log "lint and Django checks"
-  "$VENV/bin/ruff" check django_delayq tests example_project benchmarks
+  "$VENV/bin/ruff" check django_delayq tests example_project benchmarks docs
   "$VENV/bin/mypy" django_delayq
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
+}
+
+ensure_docs_tools() {
+  # make docs alone: Sphinx, MyST and Furo, and the Tasks backport that
+  # autodoc needs to import the Tasks backend on Django 5.2.
+  create_venv
+  if ! "$PY" -c 'import importlib.util as u, sys
+ok = all(u.find_spec(m) for m in ("sphinx", "myst_parser", "furo", "django"))
+sys.exit(0 if ok and (u.find_spec("django.tasks") or u.find_spec("django_tasks")) else 1)' 2>/dev/null
+  then
+    log "installing django-delayq with the documentation tools"
+    "$PY" -m pip install -q -e ".[docs,tasks]"
+  fi
+}
+
+build_docs() {
+  # Sphinx, nitpicky, warnings as errors, from a fresh environment: a broken
+  # link, an unresolvable name or an undocumented command fails the build.
+  log "documentation: sphinx-build -W -n (docs/_build/html)"
+  "$PY" -m sphinx -W --keep-going -n -q -E -b html -d docs/_build/doctrees docs docs/_build/html
+}
+
+run_docs() {
+  # The documentation leg of make test: build the site, then check the built
+  # reference pages against the code (every setting, every command option).
+  # The pages' Python examples run with the suite (tests/docs).
+  build_docs
+  DELAYQ_DOCS_HTML=docs/_build/html "$PY" -m pytest -q -p no:cacheprovider \
+    tests/docs/test_reference.py
 }
 
 run_suite() {
@@ -200,9 +234,10 @@ run_django6() {
 
 case "${1:-}" in
   venv) ensure_venv; ensure_spark_runtime ;;
-  test) shift; ensure_venv; ensure_chromium; ensure_spark_runtime; run_checks; run_suite "$@"; run_django6 ;;
+  test) shift; ensure_venv; ensure_chromium; ensure_spark_runtime; run_checks; run_docs; run_suite "$@"; run_django6 ;;
   suite) shift; run_suite "$@" ;;
   django6) run_django6 ;;
   demo) ensure_venv; scripts/demo.sh "$PY" ;;
-  *) echo "usage: $0 venv|test|suite|django6|demo" >&2; exit 2 ;;
+  docs) ensure_docs_tools; build_docs ;;
+  *) echo "usage: $0 venv|test|suite|django6|demo|docs" >&2; exit 2 ;;
 esac
