@@ -69,13 +69,17 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.page)}:{self.line}"
 
     @property
     def header(self) -> str | None:
         first = self.code.lstrip("\n").split("\n", 1)[0]
         match = HEADER_RE.match(first)
         return match["path"] if match else None
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def pages() -> list[Path]:
@@ -178,10 +182,9 @@ class Page:
         self.path = path
         self.stack = stack
         self.fixtures = fixtures
-        slug = re.sub(r"\W", "_", str(path.relative_to(DOCS).with_suffix("")))
+        name = path.relative_to(DOCS) if path.is_relative_to(DOCS) else Path(path.name)
+        slug = re.sub(r"\W", "_", str(name.with_suffix("")))
         self.shell = self._module(f"docs_examples.{slug}")
-        self.modules: list[str] = []
-        self.models: list[type] = []
 
     def _module(self, name: str, run_as: str | None = None) -> types.ModuleType:
         """A fresh module registered as ``name`` (and its parent packages, as stubs)."""
@@ -362,7 +365,11 @@ def suite_queues() -> set[str]:
     """The queues that the test suite's own handlers consume (not the Tasks runner's)."""
     from django_delayq.registry import registry
 
-    return {spec.queue for spec in registry.all() if str(spec.func.__module__).startswith("tests.")}
+    return {
+        spec.queue
+        for spec in registry.all()
+        if _is_suite_handler(spec.func) and not str(spec.func.__module__).startswith("django_")
+    }
 
 
 def run_page(path: Path, fixtures: dict[str, Callable[[], Any]]) -> None:
@@ -400,6 +407,6 @@ def run_page(path: Path, fixtures: dict[str, Callable[[], Any]]) -> None:
         ]
         if problems:
             raise AssertionError(
-                f"{path.relative_to(ROOT)}: the system checks fail after its examples:\n"
+                f"{_shown(path)}: the system checks fail after its examples:\n"
                 + "\n".join(str(p) for p in problems)
             )

@@ -66,3 +66,25 @@ def test_the_block_parser_reads_fences_and_markers(tmp_path: Path) -> None:
         (22, False, "shop/models.py"),
     ]
     assert blocks[0].code == "x = 1\n"
+
+
+def test_an_example_on_a_queue_of_the_suite_is_refused(tmp_path: Path, transactional_db: None):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\n# clash/handlers.py\nfrom django_delayq import handler\n\n\n"
+        '@handler("atomic", kind="docs-example")\ndef clash(message):\n    pass\n```\n'
+    )
+    with pytest.raises(AssertionError, match="the test suite's queue"):
+        examples.run_page(page, fixtures={})
+    from django_delayq.registry import registry
+
+    assert not [s for s in registry.all() if s.kind == "docs-example"]  # undone
+
+
+def test_a_failing_example_names_its_page_and_line(tmp_path: Path, transactional_db: None):
+    page = tmp_path / "page.md"
+    page.write_text("Text.\n\n```python\nx = 1\nassert x == 2\n```\n")
+    with pytest.raises(AssertionError) as failure:
+        examples.run_page(page, fixtures={})
+    assert f"in the example at {page}:4" in failure.value.__notes__
+    assert failure.traceback[-1].lineno + 1 == 5  # the page's own line
