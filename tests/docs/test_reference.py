@@ -200,3 +200,11 @@ def test_the_statement_size_of_enqueue_many_is_the_codes() -> None:
 
     page = (DOCS / "howto" / "producing.md").read_text()
     assert f"up to {write.CHUNK_ROWS:,} messages per statement" in page
+
+
+def test_the_pytest_fixture_documented_by_hand_exists() -> None:
+    from django_delayq import pytest_plugin
+
+    page = (DOCS / "reference" / "api.md").read_text()
+    assert ".. py:function:: delayq()\n   :module: django_delayq.pytest_plugin" in page
+    assert callable(pytest_plugin.delayq)
