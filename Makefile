@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo dist suite django6 screenshots bench bench-admin bench-pipeline chaos soak
+.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-pipeline chaos soak
 
 venv:
 	scripts/dev.sh venv
@@ -22,6 +22,12 @@ demo:
 # install of the wheel); make test runs it too.
 dist:
 	scripts/dev.sh dist
+
+# The documentation site (Sphinx + MyST, Furo) in docs/_build/html; warnings are
+# errors, links inside the site are checked, the references are generated from
+# the code. make test builds it too (and runs its examples with the suite).
+docs:
+	scripts/dev.sh docs
 
 # The matrix's Python 3.12 + Django 6.x leg alone (make test runs it after the suite).
 django6:

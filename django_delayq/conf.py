@@ -3,6 +3,10 @@
 The merged view is cached because the worker reads it on every loop; a
 ``setting_changed`` receiver (wired in ``apps.py``) drops the cache so
 ``override_settings(DELAYQ=...)`` works in tests.
+
+The comment above each key of ``DEFAULTS`` is that setting's entry in the
+documentation's settings reference (generated from this file): every key
+needs one.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "CONCURRENCY": 1,
     # Attempts before a message is marked failed (handler option overrides).
     "MAX_ATTEMPTS": 5,
-    # Dotted path or instance of a retry policy (see ``retry.py``).
+    # The retry policy: an instance, a class or a dotted path to either
+    # (see ``retry.py``).
     "RETRY_POLICY": "django_delayq.retry.ExponentialBackoff",
     # Finished messages are kept this long, then pruned.
     "RETENTION": timedelta(days=7),
@@ -38,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "PRUNE_BATCH_SIZE": 1000,
     # How often a running worker prunes; None disables worker pruning.
     "PRUNE_INTERVAL": timedelta(minutes=5),
-    # Largest accepted payload, in bytes of its JSON encoding.
+    # Largest accepted payload, in bytes of its JSON encoding; None: no limit.
     "MAX_PAYLOAD_SIZE": 1024 * 1024,
     # On SIGTERM/SIGINT, how long in-flight handlers may run before their
     # messages are released for redelivery.
@@ -74,7 +79,9 @@ DEFAULTS: dict[str, Any] = {
     # compare-and-set statement per batch, committed at most this long after
     # the first of them finished (PostgreSQL). A longer delay means fewer
     # commits but a longer window in which a killed worker's finished
-    # messages are redelivered and run again. None: one commit per message.
+    # messages are redelivered and run again. Atomic handlers that finish
+    # within it share one transaction, each in a savepoint of its own.
+    # None: one commit per message.
     "ACK_DELAY": timedelta(milliseconds=5),
 }
 

@@ -3,10 +3,11 @@
 #
 #   scripts/dev.sh venv    create .venv and install the package with every extra the
 #                          tests, the linters and the pipeline use (as `test` does)
-#   scripts/dev.sh test    lint, checks, `dist` (below), the whole suite on PostgreSQL and
+#   scripts/dev.sh test    lint, checks, the docs, `dist` (below), the whole suite on PostgreSQL and
 #                          SQLite (and its core again on PostgreSQL with prepared
 #                          statements), on MariaDB/MySQL when one is reachable, then the
 #                          Django 6 leg (below)
+#   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
 #   scripts/dev.sh dist    build the sdist and the wheel into dist/, twine check them, and
 #                          check their contents and a fresh install (scripts/check_dist.py)
 #   scripts/dev.sh django6 the matrix's second leg: Python 3.12+ and Django 6.x in
@@ -61,7 +62,7 @@ ensure_venv() {
 
 ensure_full_venv() {
   # Everything the checks and the whole suite use.
-  local extras="postgres,test,example,dev,dist,spark"
+  local extras="postgres,test,example,dev,dist,spark,docs"
   if ensure_mysqlclient_build; then
     extras="$extras,mysql"
   else
@@ -102,9 +103,25 @@ ensure_spark_runtime() {
   fi
 }
 
+build_docs() {
+  # Sphinx, nitpicky, warnings as errors, from a fresh environment: a broken
+  # link, an unresolvable name or an undocumented command fails the build.
+  log "documentation: sphinx-build -W -n (docs/_build/html)"
+  "$PY" -m sphinx -W --keep-going -n -q -E -b html -d docs/_build/doctrees docs docs/_build/html
+}
+
+run_docs() {
+  # The documentation leg of make test: build the site, then check the built
+  # reference pages against the code (every setting, every command option).
+  # The pages' Python examples run with the suite (tests/docs).
+  build_docs
+  DELAYQ_DOCS_HTML=docs/_build/html "$PY" -m pytest -q -p no:cacheprovider \
+    tests/docs/test_reference.py
+}
+
 run_checks() {
   log "lint and Django checks"
-  "$VENV/bin/ruff" check django_delayq tests example_project benchmarks scripts
+  "$VENV/bin/ruff" check django_delayq tests example_project benchmarks scripts docs
   "$VENV/bin/mypy" django_delayq
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
@@ -235,12 +252,14 @@ case "${1:-}" in
   venv) ensure_full_venv; ensure_spark_runtime ;;
   test)
     shift; ensure_full_venv; ensure_chromium; ensure_spark_runtime
-    run_checks; run_dist; run_suite "$@"; run_django6 ;;
+    run_checks; run_docs; run_dist; run_suite "$@"; run_django6 ;;
   suite) shift; run_suite "$@" ;;
   dist) ensure_venv dist; run_dist ;;
   django6) run_django6 ;;
   # The example project runs on SQLite: Django, the app, django-environ and
   # (on Django 5.2) django-tasks, nothing else.
   demo) ensure_venv example; scripts/demo.sh "$PY" ;;
-  *) echo "usage: $0 venv|test|suite|dist|django6|demo" >&2; exit 2 ;;
+  # Sphinx, MyST and Furo, and the Tasks backport autodoc needs on Django 5.2.
+  docs) ensure_venv docs,tasks; build_docs ;;
+  *) echo "usage: $0 venv|test|suite|dist|docs|django6|demo" >&2; exit 2 ;;
 esac
