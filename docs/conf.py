@@ -52,7 +52,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(datetime|timedelta|Iterable|Sequence|Mapping|Callable|Iterator)"),
     (r"py:.*", r"(django|django_tasks|asgiref)\..*"),
     (r"py:.*", r"(QuerySet|Model|Expression|Signal|StrOrPromise|HttpRequest|HttpResponse)"),
-    (r"py:.*", r"(Task|TaskResult|BaseTaskBackend)"),
+    (r"py:.*", r"(tasks\.)?(Task|TaskResult|BaseTaskBackend)"),
 ]
 
 autodoc_typehints = "signature"
