@@ -21,7 +21,6 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 
 from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
-from django_delayq.cron.install import schedule_overview
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -59,6 +58,8 @@ def schedules_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> Templa
         raise PermissionDenied
     changelist = _changelist_url(model_admin)
     rows = []
+    from django_delayq.cron.install import schedule_overview  # only when the page is shown
+
     for overview in schedule_overview():
         link = None
         if changelist is not None:

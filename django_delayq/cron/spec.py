@@ -26,7 +26,6 @@ from functools import cached_property, wraps
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -41,6 +40,15 @@ if TYPE_CHECKING:
     from django_delayq.registry import HandlerFunc
 
 logger = logging.getLogger("django_delayq.worker")
+
+
+def _croniter() -> Any:
+    """croniter, imported when a cron expression is first read: a worker (or any
+    command) of a project without cron schedules never loads it."""
+    from croniter import croniter
+
+    return croniter
+
 
 F = TypeVar("F", bound="HandlerFunc")
 P = ParamSpec("P")
@@ -205,7 +213,7 @@ class Schedule:
         # croniter's get_prev finds the neighbourhood; the forward walk (the
         # one path that applies the DST rules below) decides.
         try:
-            rough = croniter(self._expr, at.astimezone(self.tzinfo)).get_prev(datetime)
+            rough = _croniter()(self._expr, at.astimezone(self.tzinfo)).get_prev(datetime)
         except Exception:
             return None
         found = None
@@ -254,7 +262,7 @@ class Schedule:
     def _cron_ticks(self, start: datetime, inclusive: bool) -> Iterator[datetime]:
         tz = self.tzinfo
         begin = start - timedelta(microseconds=1) if inclusive else start
-        it = croniter(self._expr, begin.astimezone(tz))
+        it = _croniter()(self._expr, begin.astimezone(tz))
         last = begin.astimezone(UTC)
         skipped = 0
         while skipped < MAX_SKIPPED_TICKS:
@@ -322,7 +330,7 @@ def _check_cron(expr: object) -> str:
             f"cron must be a str, got {type(expr).__name__}", check_id="django_delayq.E011"
         )
     expanded = CRON_ALIASES.get(expr.strip().lower(), expr)
-    if len(expanded.split()) != 5 or not croniter.is_valid(expanded):
+    if len(expanded.split()) != 5 or not _croniter().is_valid(expanded):
         raise ScheduleError(
             f"invalid cron expression {expr!r}: expected five fields "
             "(minute hour day-of-month month day-of-week) or @hourly/@daily/@weekly/"

@@ -33,6 +33,10 @@ def port_number(value: str) -> int:
 
 class Command(BaseCommand):
     help = "Consume due messages until SIGTERM/SIGINT (or, with --burst, until none is due)."
+    # The checks a worker needs (settings, queues, models; the database's
+    # below), not the URLconf's: a worker serves no URL, and importing the
+    # project's views would only slow every start.
+    requires_system_checks = [Tags.compatibility, Tags.models]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
