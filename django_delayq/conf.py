@@ -170,5 +170,8 @@ def clear_cache(**kwargs: Any) -> None:
     if kwargs.get("setting") in (None, "DELAYQ"):
         get_config.cache_clear()
         from django_delayq import retry
+        from django_delayq.store import changes
 
         retry.get_default_policy.cache_clear()
+        # Compiled claims depend on the queues' settings (GROUP_AFTER_FAILURE).
+        changes.forget_compiled_claims()

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django_delayq import clock, signals
 from django_delayq.conf import check_delay
 from django_delayq.exceptions import DuplicateMessage
+from django_delayq.flow import check_group
 from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
@@ -126,13 +127,16 @@ def enqueue(
     max_attempts: int | None = None,
     on_conflict: OnConflict = "ignore",
     using: str | None = None,
+    group: str = "",
 ) -> EnqueueResult:
     """Put one message on ``queue``, due at ``run_at`` / after ``delay`` / now.
 
     ``key`` de-duplicates within the queue: an existing key is left alone
     (``ignore``), replaced (``update``: a pending message gets the new payload
     and schedule, a finished one is delivered again), or refused (``error``,
-    raising :class:`DuplicateMessage`).
+    raising :class:`DuplicateMessage`). ``group`` puts it in an ordered
+    group: the messages of one group in one queue run one at a time, in the
+    order they were enqueued (a message's group is set when it is created).
     """
     return enqueue_many(
         queue,
@@ -145,6 +149,7 @@ def enqueue(
         max_attempts=max_attempts,
         on_conflict=on_conflict,
         using=using,
+        group=group,
     )[0]
 
 
@@ -160,17 +165,23 @@ def enqueue_many(
     max_attempts: int | None = None,
     on_conflict: OnConflict = "ignore",
     using: str | None = None,
+    group: str = "",
+    groups: Sequence[str] | None = None,
 ) -> list[EnqueueResult]:
     """Enqueue many messages in a few statements; one result per payload, in order.
 
     ``keys=None`` gives each message a fresh unique key. Repeated keys within
     one call count as conflicts with the first occurrence (``update`` keeps
     the last payload). The whole call is one transaction (or part of the
-    caller's): either every message is written or none is.
+    caller's): either every message is written or none is. ``group`` puts
+    every message in one ordered group, ``groups`` each in its own ("": none),
+    in the order of ``payloads``.
     """
     validate_queue_name(queue)
     validate_kind(kind)
+    check_group(group)
     payloads = list(payloads)
+    group_of = _groups(groups, group, len(payloads))
     if keys is None:
         key_list = [uuid.uuid4().hex for _ in payloads]
     else:
@@ -207,16 +218,25 @@ def enqueue_many(
             first_index[k] = i
 
     shared = write.template(
-        queue, kind=kind, priority=priority, due=due, max_attempts=max_attempts, now=now
+        queue,
+        kind=kind,
+        priority=priority,
+        due=due,
+        max_attempts=max_attempts,
+        now=now,
+        group=group,
     )
     alias = using or router.db_for_write(Message)
     connection = connections[alias]
     keys = list(first_index)
     texts = {k: encoded[i] for k, i in first_index.items()}
     values = {k: payloads[i] for k, i in first_index.items()}
+    per_key = None if group_of is None else {k: group_of[i] for k, i in first_index.items()}
     wake = write.notify_body(connection, queue, due)
     if (
         on_conflict == "ignore"
+        and not group
+        and per_key is None
         and wake is not None
         and len(keys) <= write.CHUNK_ROWS
         and not connection.in_atomic_block
@@ -231,7 +251,9 @@ def enqueue_many(
     with transaction.atomic(using=alias, savepoint=on_conflict == "error"):
         # The NOTIFY of "ignore" rides on the insert: one round trip less.
         riding = wake if on_conflict == "ignore" else None
-        outcomes = write.write(connection, shared, keys, texts, values, on_conflict, wake=riding)
+        outcomes = write.write(
+            connection, shared, keys, texts, values, on_conflict, wake=riding, groups=per_key
+        )
         if on_conflict == "error":
             clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
             if clashes:
@@ -246,6 +268,22 @@ def enqueue_many(
             transaction.on_commit(partial(_announce, changed, alias), using=alias)
 
     return _results(key_list, first_index, outcomes, on_conflict)
+
+
+def _groups(groups: Sequence[str] | None, group: str, count: int) -> list[str] | None:
+    """Each payload's group, when ``groups`` gives them (checked); None: ``group`` for all."""
+    if groups is None:
+        return None
+    if group:
+        raise ValueError("pass either group or groups, not both")
+    if isinstance(groups, str):
+        raise TypeError("groups must be a sequence of str (one per payload), not a single str")
+    found = list(groups)
+    if len(found) != count:
+        raise ValueError(f"got {count} payloads but {len(found)} groups")
+    for i, name in enumerate(found):
+        check_group(name, f"message {i}: ")
+    return found if any(found) else None
 
 
 def _results(

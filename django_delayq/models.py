@@ -17,6 +17,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from django_delayq import clock
+from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.queries import MessageQuerySet
 
@@ -118,6 +119,17 @@ class Message(QueueColumns):
         help_text=_("Type of the payload; selects the handler and validates decoding."),
     )
     payload = PayloadField(default=dict, blank=True)
+    group = models.CharField(
+        max_length=GROUP_MAX_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        db_column="message_group",
+        help_text=_(
+            "Messages of one group in one queue run one at a time, in the order they "
+            "were enqueued; empty: no group."
+        ),
+    )
     priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))
     scheduled_time = models.DateTimeField(
         help_text=_("When the message was first scheduled; a later start is a redelivery or retry.")
@@ -196,6 +208,15 @@ class Message(QueueColumns):
                 name="delayq_fingerprint_idx",
                 condition=~Q(error_fingerprint=""),
             ),
+            # Ordered groups: whether an earlier message of a group still holds
+            # a later one back, and whether one of the group runs (the claim's
+            # probes, one range each). Partial: only grouped messages that may
+            # still run or block are in it, so other messages cost nothing.
+            models.Index(
+                fields=["queue", "group", "status", "id"],
+                name="delayq_group_idx",
+                condition=~Q(group="") & Q(status__in=[*ACTIVE, "failed"]),
+            ),
             # Failed messages per queue (dashboard), without visiting the table.
             models.Index(fields=["queue"], name="delayq_failed_idx", condition=Q(status="failed")),
             # The admin's kind filter: its choices (search.distinct_values) and
@@ -230,6 +251,54 @@ class QueueState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} ({'paused' if self.paused else 'active'})"
+
+
+class FlowState(models.Model):
+    """One global limit's row: what a claim of its scope locks, so that the workers'
+    claims of a limited queue (or kind) take turns and never overshoot together.
+
+    ``kind`` is empty for a queue-wide limit.
+    """
+
+    queue = models.CharField(max_length=QUEUE_MAX_LENGTH)
+    kind = models.CharField(max_length=KIND_MAX_LENGTH, blank=True, default="")
+    # Written by every limited claim: the write is what takes the row lock
+    # (on SQLite too, where it takes the database's write lock first, so a
+    # claim never has to upgrade a read lock).
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # Set by a claim that found due messages but no room under the limit:
+    # until when (the rate's window) or since when (the cap) it held them back.
+    throttled_until = models.DateTimeField(null=True, blank=True)
+    capped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("flow state")
+        verbose_name_plural = _("flow states")
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "kind"], name="delayq_flowstate_scope")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.kind}" if self.kind else self.queue
+
+
+class FlowStart(models.Model):
+    """A start counted by a rate limit: the log of its sliding window.
+
+    Rows older than the limit's period are deleted by the next claim of the
+    same scope; at most the limit's count of them exists at any time.
+    """
+
+    flow = models.ForeignKey(FlowState, on_delete=models.CASCADE, db_index=False)
+    started_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("flow start")
+        verbose_name_plural = _("flow starts")
+        indexes = [models.Index(fields=["flow", "started_at"], name="delayq_flowstart_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.flow_id} at {self.started_at.isoformat()}"
 
 
 class WorkerState(models.Model):

@@ -43,7 +43,7 @@ from functools import reduce
 from typing import Any, cast
 
 from django.db import connections, router, transaction
-from django.db.models import Count, Expression, QuerySet
+from django.db.models import Count, Expression, Q, QuerySet
 
 from django_delayq import clock
 from django_delayq.enqueuing import check_priority, resolve_run_at
@@ -62,6 +62,8 @@ MAX_EXTRA_ATTEMPTS = 1000
 #: Queues notified at most per operation (PostgreSQL NOTIFY); beyond that,
 #: workers find the messages at their next poll.
 MAX_NOTIFIED_QUEUES = 100
+# The count of the selection's messages in ordered groups (beside its categories).
+GROUPED = "grouped"
 
 # Skip reasons: the keys of ``OperationResult.skipped``.
 RUNNING = "running"
@@ -178,6 +180,8 @@ def _apply(
     now = clock.sql_now()
     conditions = categories(now)
     counters = {name: Count("pk", filter=q) for name, q in conditions.items()}
+    if model is Message:
+        counters[GROUPED] = Count("pk", filter=~Q(group=""))
     with transaction.atomic(using=alias):
         if model is Message:
             grouped = queryset.values("queue").order_by("queue").annotate(**counters)
@@ -193,7 +197,13 @@ def _apply(
             changed = expected if dry_run else 0
         else:
             eligible = reduce(operator.or_, (conditions[name] for name in plan.eligible))
+            # What the change finishes (or deletes, or makes due) may let the
+            # next message of an ordered group go.
+            in_groups = any(row.get(GROUPED) for row in rows)
+            groups = changes.groups_of(queryset.filter(eligible)) if in_groups else set()
             changed = write(queryset.filter(eligible), now)
+            if groups:
+                changes.release_groups(groups, using=alias)
             if wake is not None and changed:
                 queues = [
                     r["queue"] for r in rows if r["queue"] and any(r[n] for n in plan.eligible)

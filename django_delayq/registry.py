@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_delayq.conf import check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import HandlerNotFound
+from django_delayq.flow import Rate, parse_cap, parse_rate
 from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
 
@@ -92,6 +93,9 @@ class HandlerSpec:
     atomic: bool = False
     concurrency: int | None = None
     time_limit: timedelta | None = None
+    # Limits across every worker (flow.py): starts per period, running at once.
+    rate_limit: Rate | None = None
+    global_concurrency: int | None = None
     # Set for a model with ``QueueFields``: the rows of that model are this
     # queue's messages (``entity.py``), and the queue has no other handler.
     model: type[Model] | None = None
@@ -233,6 +237,8 @@ def handler(
     concurrency: int | None = None,
     time_limit: timedelta | int | float | None = None,
     model: type[Model] | None = None,
+    rate_limit: str | None = None,
+    global_concurrency: int | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the consumer of ``queue``.
 
@@ -242,12 +248,16 @@ def handler(
     the handler inside the transaction that acknowledges the message, so its
     database writes commit if and only if the message is marked done.
     ``concurrency`` caps how many of this queue's messages one worker process
-    runs at once. ``time_limit`` bounds one attempt: past it the attempt is
-    recorded as failed (and retried by the retry policy), the worker stops
-    extending the lease and frees the slot. Python cannot kill a thread, so
-    the handler runs on until it returns, but its outcome is discarded: the
-    failure replaced the message's lock token, and every later write under
-    the old token (the late acknowledgement included) matches nothing.
+    runs at once. ``rate_limit`` (``"N/s"``, ``"N/m"``, ``"N/h"``) and
+    ``global_concurrency`` limit them across every worker and host: how many
+    start per period, how many run at once (``flow.py``); a kind's handler
+    limits its kind, a catch-all its whole queue. ``time_limit`` bounds one
+    attempt: past it the attempt is recorded as failed (and retried by the
+    retry policy), the worker stops extending the lease and frees the slot.
+    Python cannot kill a thread, so the handler runs on until it returns,
+    but its outcome is discarded: the failure replaced the message's lock
+    token, and every later write under the old token (the late
+    acknowledgement included) matches nothing.
 
     ``model`` (a model that inherits ``django_delayq.entity.QueueFields``)
     makes the handler consume that model's due rows instead of messages: it
@@ -274,6 +284,13 @@ def handler(
     if time_limit_td is not None:
         check_max_delay(time_limit_td, "time_limit", time_limit)
     policy = resolve_policy(retry) if retry is not None else None
+    rate = parse_rate(rate_limit) if rate_limit is not None else None
+    cap = parse_cap(global_concurrency) if global_concurrency is not None else None
+    if model is not None and (rate or cap):
+        raise ValueError(
+            "a model's handler takes no rate_limit or global_concurrency: the limits "
+            "apply to queues of messages only"
+        )
     if model is not None:
         from django_delayq.entity import QueueFields
 
@@ -299,6 +316,8 @@ def handler(
                 concurrency=concurrency,
                 time_limit=time_limit_td,
                 model=model,
+                rate_limit=rate,
+                global_concurrency=cap,
             )
         )
         return func

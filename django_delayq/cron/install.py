@@ -16,11 +16,12 @@ cancellations through ``store.changes``, new ticks through ``enqueue``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import router, transaction
+from django.db import DatabaseError, router, transaction
 from django.db.models import Q
 
 from django_delayq import clock
@@ -37,6 +38,10 @@ from django_delayq.cron.spec import (
 )
 from django_delayq.models import Message
 from django_delayq.store import changes
+from django_delayq.store.server import is_transient
+
+# Tries per schedule when installers deadlock with each other.
+INSTALL_TRIES = 3
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -122,12 +127,26 @@ def install_schedules(
     for sched in selected.values():
         result = InstallResult(sched.name)
         report.results.append(result)
-        try:
-            _install_one(sched, now, [r for r in rows if r.name == sched.name], alias, result)
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-            logger.exception("could not install the ticks of schedule %r", sched.name)
+        for attempt in range(1, INSTALL_TRIES + 1):
+            try:
+                _install_one(sched, now, [r for r in rows if r.name == sched.name], alias, result)
+            except DatabaseError as exc:
+                if attempt < INSTALL_TRIES and is_transient(exc):
+                    # Installers racing for the same new ticks deadlocked: the
+                    # loser rolled back, and sees the winner's ticks now.
+                    rows = _tick_rows(queues, alias)
+                    continue
+                _failed(result, sched)
+            except Exception:
+                _failed(result, sched)
+            break
     return report
+
+
+def _failed(result: InstallResult, sched: Schedule) -> None:
+    exc = sys.exc_info()[1]
+    result.error = f"{type(exc).__name__}: {exc}"
+    logger.exception("could not install the ticks of schedule %r", sched.name)
 
 
 def _select(schedules: dict[str, Schedule], names: Iterable[str]) -> dict[str, Schedule]:

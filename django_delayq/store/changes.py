@@ -32,21 +32,26 @@ from django.db import connections, router, transaction
 from django.db.models import (
     Case,
     DateTimeField,
+    Exists,
     Expression,
     F,
     Field,
+    Min,
     Model,
+    OuterRef,
     Q,
     QuerySet,
     Value,
     When,
 )
+from django.db.models.functions import Greatest
 from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
+from django_delayq.flow import failure_blocks
 from django_delayq.models import Message
-from django_delayq.status import FINISHED, Status
+from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.features import features
 from django_delayq.store.queries import due_condition, held_condition
 from django_delayq.store.rows import returned_columns, rows_from
@@ -142,6 +147,8 @@ class _ClaimKey:
     worker: str
     lease: timedelta
     leases: frozenset[tuple[tuple[str, str | None], timedelta]]
+    # Only these kinds (True) or all but these (False); None: every kind.
+    kinds: tuple[frozenset[str], bool] | None = None
 
 
 def claim(
@@ -153,6 +160,7 @@ def claim(
     leases: Mapping[tuple[str, str | None], timedelta] | None = None,
     using: str | None = None,
     model: type[Model] = Message,
+    kinds: tuple[Collection[str], bool] | None = None,
 ) -> Claim:
     """Claim up to ``limit`` due rows of ``queues``, highest priority first.
 
@@ -161,6 +169,8 @@ def claim(
     rows become ``running`` with a fresh token, one more attempt, and a lease
     of ``now + lease``. For a ``QueueFields`` model, ``queues`` and
     ``leases`` are ignored (the model is the queue) and every row gets ``lease``.
+    ``kinds``: ``(kinds, True)`` claims only messages of those kinds,
+    ``(kinds, False)`` all but those (a limited kind's claims are separate).
     """
     alias = _db(using, model)
     token = uuid.uuid4()
@@ -170,7 +180,14 @@ def claim(
     elif not lanes:
         return Claim(token, [])  # no queue given: nothing to claim (not "every queue")
     key = _ClaimKey(
-        model, alias, lanes, limit, worker[:255], lease, frozenset((leases or {}).items())
+        model,
+        alias,
+        lanes,
+        limit,
+        worker[:255],
+        lease,
+        frozenset((leases or {}).items()),
+        None if kinds is None else (frozenset(kinds[0]), kinds[1]),
     )
     if features(connections[alias]).limit_in_subquery:
         messages = _claim_in_one_statement(key, token)
@@ -194,10 +211,21 @@ def claim(
 
 
 def _picked(key: _ClaimKey) -> QuerySet[Any]:
-    """The first ``limit`` due rows of the queues, in claim order (their keys)."""
-    due = key.model._base_manager.using(key.alias).filter(due_condition(clock.sql_now()))
+    """The first ``limit`` due rows of the queues, in claim order (their keys).
+
+    A grouped message is picked only if its group lets it run
+    (:func:`group_clear`); the condition is evaluated for grouped rows
+    alone, so other messages cost nothing more.
+    """
+    now = clock.sql_now()
+    due = key.model._base_manager.using(key.alias).filter(due_condition(now))
     if key.queues is not None:
         due = due.filter(queue__in=list(key.queues))
+    if key.kinds is not None:
+        kinds, only = key.kinds
+        due = due.filter(kind__in=list(kinds)) if only else due.exclude(kind__in=list(kinds))
+    if has_column(key.model, "group"):
+        due = due.filter(group_clear(key.model, key.queues or (), now))
     return due.order_by(*claim_order(key.model)).values("pk")[: key.limit]
 
 
@@ -267,6 +295,11 @@ def _as_expression(value: Any, field: Field[Any, Any]) -> Any:
 _claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
 
 
+def forget_compiled_claims() -> None:
+    """Compile claims again (the settings they depend on changed)."""
+    _claim_statements.clear()
+
+
 def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
     """Pick, mark and read the claimed rows in one statement (PostgreSQL, SQLite).
 
@@ -312,6 +345,111 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
     with connection.cursor() as cursor:
         cursor.execute(sql, [*set_params, token_param, *picked_params])
         return rows_from(model, connection, cursor.fetchall())
+
+
+# -- ordered groups -------------------------------------------------------------------
+#
+# The messages of a group run one at a time, in the order of their ids. The
+# claim itself enforces it (group_clear, in its pick): a grouped message is
+# picked only when no earlier message of its group may still run (or, where
+# the queue blocks on failure, failed) and no other message of its group is
+# running under a live lease.
+#
+# That condition alone would make every claim visit each message waiting
+# behind a blocked group: a group with 100,000 messages behind a failing one
+# would cost every claim of its queue 100,000 probes. So a message that
+# waits behind its group is *held*: pending with no due time (its due time
+# stays in scheduled_time), which keeps it out of every range the claim and
+# the next-due time read. hold_back holds new messages behind their group;
+# release_groups lets the next message of a group go once the one before it
+# is done (the worker after each outcome, the operations after theirs, and a
+# sweep of every group now and then, for what a crash left undone).
+
+
+def _blockers(queues: Collection[str]) -> Q:
+    """The statuses of an earlier message that keep a later one of its group waiting,
+    for messages of ``queues`` (failed ones only where the queue blocks on failure)."""
+    blocking = [q for q in queues if failure_blocks(q)]
+    if len(blocking) == len(queues) and queues:
+        return Q(status__in=[*ACTIVE, Status.FAILED])
+    return Q(status__in=ACTIVE) | Q(status=Status.FAILED, queue__in=blocking)
+
+
+def _of_its_group(model: type[Model]) -> QuerySet[Any]:
+    return model._base_manager.filter(queue=OuterRef("queue"), group=OuterRef("group"))
+
+
+def group_clear(model: type[Model], queues: Collection[str], now: Expression | datetime) -> Q:
+    """Rows their group lets run: ungrouped, or nothing earlier of the group blocks them
+    and nothing of it runs (``delayq_group_idx`` answers both, a range each)."""
+    earlier = _of_its_group(model).filter(_blockers(queues), pk__lt=OuterRef("pk"))
+    running = _of_its_group(model).filter(held_condition(now))
+    return Q(group="") | (~Exists(earlier) & ~Exists(running))
+
+
+def hold_back(messages: Mapping[Any, Any], *, using: str) -> set[Any]:
+    """Hold the new (or rewritten) grouped messages of ``messages`` (by id) that an
+    earlier message of their group holds back; returns their ids.
+
+    Run in the transaction that wrote them, after the write: it sees the
+    messages the same call wrote before them in their group.
+    """
+    if not messages:
+        return set()
+    queues = {m.queue for m in messages.values()}
+    earlier = _of_its_group(Message).filter(_blockers(queues), pk__lt=OuterRef("pk"))
+    rows = Message._base_manager.using(using).filter(pk__in=list(messages), status=Status.PENDING)
+    held = set(rows.filter(Exists(earlier)).values_list("pk", flat=True))
+    if held:
+        Message._base_manager.using(using).filter(pk__in=held).update(next_attempt_time=None)
+    return held
+
+
+def release_groups(
+    groups: Collection[tuple[str, str]] | None = None, *, using: str | None = None
+) -> int:
+    """Let the next message of each group go, if the one before it is done.
+
+    ``groups``: (queue, group) pairs; None: every group (the sweep). The
+    next message is the group's first that may still run or block; if it is
+    held, it becomes due at its scheduled time (or now, if that has passed).
+    Returns how many messages were let go.
+    """
+    alias = _db(using)
+    rows = Message._base_manager.using(alias).exclude(group="")
+    if groups is not None:
+        if not groups:
+            return 0
+        pairs = Q()
+        for queue, group in groups:
+            pairs |= Q(queue=queue, group=group)
+        rows = rows.filter(pairs)
+        queues: Collection[str] = {q for q, _ in groups}
+    else:
+        queues = list(rows.filter(status__in=ACTIVE).values_list("queue", flat=True).distinct())
+    heads = (
+        rows.filter(_blockers(queues))
+        .order_by()
+        .values("queue", "group")
+        .annotate(head=Min("pk"))
+        .values_list("head", flat=True)
+    )
+    first = list(heads)
+    if not first:
+        return 0
+    now = clock.sql_now()
+    held = Message._base_manager.using(alias).filter(
+        pk__in=first, status=Status.PENDING, next_attempt_time__isnull=True
+    )
+    return held.update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
+
+
+def groups_of(rows: QuerySet[Any]) -> set[tuple[str, str]]:
+    """The (queue, group) pairs of the grouped rows of ``rows`` (before they change)."""
+    if not has_column(rows.model, "group"):
+        return set()
+    found = rows.exclude(group="").order_by().values_list("queue", "group").distinct()
+    return set(found)
 
 
 # -- outcomes of held rows: compare-and-set on (id, lock_token, running) ---------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -117,3 +118,22 @@ def binary_columns_sql(connection: BaseDatabaseWrapper) -> str:
         key_length=KEY_MAX_LENGTH,
         collation=binary_collation(connection),
     )
+
+
+# Errors after which a transaction may simply be run again: a deadlock, a
+# lock wait that timed out, or a serialization failure. MariaDB/MySQL report
+# a deadlock met while reserving AUTO_INCREMENT values (concurrent INSERT ...
+# SELECT) as 1467, "Failed to read auto-increment value from storage engine".
+_TRANSIENT_CODES = {1205, 1213, 1467}
+_TRANSIENT_STATES = {"40001", "40P01", "55P03"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (a database error) says "run the transaction again"."""
+    cause = exc.__cause__ or exc
+    diag = getattr(cause, "diag", None)
+    state = getattr(cause, "sqlstate", None) or getattr(diag, "sqlstate", None)
+    if state in _TRANSIENT_STATES:
+        return True
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    return bool(args) and args[0] in _TRANSIENT_CODES

@@ -33,6 +33,7 @@ from django.db.models.base import ModelState
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import DelayQError
+from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH, Message
 from django_delayq.status import FINISHED, Status
 from django_delayq.store.features import Features, features
@@ -58,7 +59,7 @@ INSERT_FIELDS = [f for f in Message._meta.concrete_fields if not f.primary_key]
 # every other column of a new message is the same for all.
 PER_CALL_FIELDS = frozenset(
     {"queue", "kind", "priority", "next_attempt_time", "scheduled_time", "max_attempts"}
-    | {"created_at", "updated_at"}
+    | {"created_at", "updated_at", "group"}
 )
 # What on_conflict="update" writes over an existing message.
 UPDATED_FIELDS = [
@@ -94,9 +95,17 @@ Written = dict[str, tuple[Outcome, Message]]
 
 
 def template(
-    queue: str, *, kind: str, priority: int, due: datetime, max_attempts: int | None, now: datetime
+    queue: str,
+    *,
+    kind: str,
+    priority: int,
+    due: datetime,
+    max_attempts: int | None,
+    now: datetime,
+    group: str = "",
 ) -> Message:
-    """What every message of one call shares: everything but its key and payload.
+    """What every message of one call shares: everything but its key and payload
+    (and its group, when a call gives one per message).
 
     Built from a blank message made once: ``Model.__init__`` costs more than
     the rest of a single enqueue's Python work.
@@ -108,6 +117,7 @@ def template(
     shared.next_attempt_time = shared.scheduled_time = due
     shared.max_attempts = max_attempts
     shared.created_at = shared.updated_at = now
+    shared.group = group
     return shared
 
 
@@ -155,14 +165,20 @@ class Source:
     columns: Mapping[str, str]
 
 
-def json_rows(can: Features) -> Source:
-    """The rows of one JSON document ``[[key, payload], ...]`` (enqueue_many)."""
+def json_rows(can: Features, grouped: bool = False) -> Source:
+    """The rows of one JSON document ``[[key, payload], ...]`` (enqueue_many), or
+    ``[[key, payload, group], ...]`` when each message names its own group."""
+    columns = {
+        "key": statement("json_rows_key", can),
+        "payload": statement("json_rows_payload", can),
+    }
+    if grouped:
+        columns["group"] = statement("json_rows_group", can)
     return Source(
-        statement("json_rows", can).format(key_length=KEY_MAX_LENGTH),
-        {
-            "key": statement("json_rows_key", can),
-            "payload": statement("json_rows_payload", can),
-        },
+        statement("json_rows_grouped" if grouped else "json_rows", can).format(
+            key_length=KEY_MAX_LENGTH, group_length=GROUP_MAX_LENGTH
+        ),
+        columns,
     )
 
 
@@ -254,25 +270,49 @@ def insert(
     )
 
 
-_inserts: dict[tuple[type, str, bool], Insert] = {}
+_inserts: dict[tuple[type, str, bool, bool], Insert] = {}
 
 
-def _json_insert(connection: BaseDatabaseWrapper, on_conflict: str, notify: bool) -> Insert:
-    key = (type(connection), "update" if on_conflict == "update" else "ignore", notify)
+def _json_insert(
+    connection: BaseDatabaseWrapper, on_conflict: str, notify: bool, grouped: bool = False
+) -> Insert:
+    key = (type(connection), "update" if on_conflict == "update" else "ignore", notify, grouped)
     found = _inserts.get(key)
     if found is None:
         can = features(connection)
         returning = None if not can.returning else "rows" if on_conflict == "update" else "keys"
         found = _inserts[key] = insert(
-            connection, json_rows(can), on_conflict=on_conflict, returning=returning, notify=notify
+            connection,
+            json_rows(can, grouped),
+            on_conflict=on_conflict,
+            returning=returning,
+            notify=notify,
         )
     return found
 
 
-def rows_document(can: Features, keys: Sequence[str], encoded: Sequence[str]) -> str:
-    """Keys and payloads as one JSON document, joined from the payloads' checked text."""
-    if can.typed_json_rows:
-        rows: Iterator[str] = (
+def rows_document(
+    can: Features,
+    keys: Sequence[str],
+    encoded: Sequence[str],
+    groups: Sequence[str] | None = None,
+) -> str:
+    """Keys and payloads (and groups) as one JSON document, joined from the payloads'
+    checked text."""
+    if groups is not None:
+        dumps = json.dumps
+        if can.typed_json_rows:
+            rows: Iterator[str] = (
+                f"[{dumps(k, ensure_ascii=False)},{e},{dumps(g, ensure_ascii=False)}]"
+                for k, e, g in zip(keys, encoded, groups, strict=True)
+            )
+        else:
+            rows = (
+                dumps([k, e, g], ensure_ascii=False)
+                for k, e, g in zip(keys, encoded, groups, strict=True)
+            )
+    elif can.typed_json_rows:
+        rows = (
             f"[{json.dumps(k, ensure_ascii=False)},{e}]" for k, e in zip(keys, encoded, strict=True)
         )
     else:
@@ -332,9 +372,11 @@ def bulk_load(connection: BaseDatabaseWrapper, shared: Message, on_conflict: str
 
 
 # One write() call, what each chunk of its keys is written with: the connection,
-# the template, the encoded payloads, the payloads and on_conflict (a plain
-# tuple: no dearer than passing them one by one).
-_Batch = tuple[BaseDatabaseWrapper, Message, Mapping[str, str], Mapping[str, Any], str]
+# the template, the encoded payloads, the payloads, on_conflict and each key's
+# group if the call gave one per message (a plain tuple: no dearer than
+# passing them one by one).
+_Groups = Mapping[str, str] | None
+_Batch = tuple[BaseDatabaseWrapper, Message, Mapping[str, str], Mapping[str, Any], str, _Groups]
 
 
 def write(
@@ -346,6 +388,7 @@ def write(
     on_conflict: str,
     *,
     wake: str | None = None,
+    groups: Mapping[str, str] | None = None,
 ) -> Written:
     """Write the messages of ``keys`` (distinct); the outcome and row of each key.
 
@@ -353,26 +396,51 @@ def write(
     ``payloads`` the values themselves (for the returned rows). Keys are
     written in sorted order, so producers whose batches overlap take the key
     locks in the same order and wait for each other instead of deadlocking.
+    Grouped messages (the template's group, or ``groups``: each key's) are
+    written in the order given instead: their ids are their order in their
+    group; and each one that an earlier message of its group holds back is
+    then marked held (``changes.hold_back``).
     ``wake`` (PostgreSQL): the NOTIFY body, sent by the insert itself when it
-    created a row. Run it in a transaction when there is more than one chunk.
+    created a row. Run it in a transaction when there is more than one chunk,
+    or when the messages are grouped.
     """
     can = features(connection)
-    ordered = sorted(keys)
-    batch: _Batch = (connection, shared, encoded, payloads, on_conflict)
+    grouped = groups is not None or bool(shared.group)
+    ordered = list(keys) if grouped else sorted(keys)
+    batch: _Batch = (connection, shared, encoded, payloads, on_conflict, groups)
     if not can.returning:
-        return _write_without_returning(batch, ordered)
-    out: Written = {}
-    for chunk in _chunks(ordered, encoded, CHUNK_ROWS, None):
-        out.update(_write_chunk(batch, chunk, wake))
+        out = _write_without_returning(batch, ordered)
+    else:
+        out = {}
+        for chunk in _chunks(ordered, encoded, CHUNK_ROWS, None):
+            out.update(_write_chunk(batch, chunk, wake))
+    if grouped:
+        _hold_back(connection, out)
     return out
 
 
+def _hold_back(connection: BaseDatabaseWrapper, out: Written) -> None:
+    """Mark held the written messages that an earlier message of their group holds back."""
+    from django_delayq.store import changes
+
+    written = {m.pk: m for o, m in out.values() if o is not Outcome.IGNORED and m.group}
+    for pk in changes.hold_back(written, using=connection.alias):
+        written[pk].next_attempt_time = None
+
+
 def _write_chunk(batch: _Batch, keys: list[str], wake: str | None) -> Written:
-    connection, shared, encoded, payloads, on_conflict = batch
+    connection, shared, encoded, payloads, on_conflict, groups = batch
     can = features(connection)
-    statement_ = _json_insert(connection, on_conflict, wake is not None)
+    statement_ = _json_insert(connection, on_conflict, wake is not None, groups is not None)
     params = statement_.params(shared, connection)
-    params.append(rows_document(can, keys, [encoded[k] for k in keys]))
+    params.append(
+        rows_document(
+            can,
+            keys,
+            [encoded[k] for k in keys],
+            None if groups is None else [groups[k] for k in keys],
+        )
+    )
     if wake is not None and can.notify:
         params += [NOTIFY_CHANNEL, wake]
     existing: set[str] = set()
@@ -391,6 +459,8 @@ def _write_chunk(batch: _Batch, keys: list[str], wake: str | None) -> Written:
     else:
         for pk, key in fetched:
             message = row(shared, key, payloads[key], pk)
+            if groups is not None:
+                message.group = groups[key]
             message._state.db = connection.alias
             out[key] = (Outcome.CREATED, message)
     missing = [k for k in keys if k not in out]
@@ -446,7 +516,7 @@ def _write_without_returning(batch: _Batch, keys: list[str]) -> Written:
     previous one means the column's collation merged two different keys
     (``django_delayq.W050``): that is an error, not a race.
     """
-    connection, shared, encoded, _, on_conflict = batch
+    connection, shared, encoded, _, on_conflict, _ = batch
     out: Written = {}
     for chunk in _chunks(keys, encoded, CHUNK_ROWS, CHUNK_BYTES):
         seen = -1
@@ -476,14 +546,21 @@ def _write_without_returning(batch: _Batch, keys: list[str]) -> Written:
 
 
 def _write_chunk_without_returning(batch: _Batch, keys: list[str], lock: bool | str) -> Written:
-    connection, shared, encoded, payloads, on_conflict = batch
+    connection, shared, encoded, payloads, on_conflict, groups = batch
     existing = {m.key: m for m in _read(connection, shared.queue, keys, lock)}
     new = [k for k in keys if k not in existing]
     out: Written = {}
     if new:
-        statement_ = _json_insert(connection, "ignore", False)
+        statement_ = _json_insert(connection, "ignore", False, groups is not None)
         params = statement_.params(shared, connection)
-        params.append(rows_document(features(connection), new, [encoded[k] for k in new]))
+        params.append(
+            rows_document(
+                features(connection),
+                new,
+                [encoded[k] for k in new],
+                None if groups is None else [groups[k] for k in new],
+            )
+        )
         with connection.cursor() as cursor:
             cursor.execute(statement_.sql, params)
             inserted = int(cursor.rowcount)
@@ -492,6 +569,8 @@ def _write_chunk_without_returning(batch: _Batch, keys: list[str], lock: bool | 
         ids = dict(_existing(connection, shared.queue, new).values_list("key", "id"))
         for key in new:
             message = row(shared, key, payloads[key], ids[key])
+            if groups is not None:
+                message.group = groups[key]
             message._state.db = connection.alias
             out[key] = (Outcome.CREATED, message)
     changed: list[Message] = []

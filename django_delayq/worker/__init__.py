@@ -267,6 +267,8 @@ class Worker:
                     if self.burst and self.book.idle():
                         if last_look:
                             break
+                        if acks is not None:
+                            acks.wait_idle()
                         last_look = True
                         self.claimer.undrain()
                         continue

@@ -59,6 +59,8 @@ class AckBuffer:
         self._first_at = 0.0
         self._cond = threading.Condition()
         self._closing = False
+        # A batch taken and not yet committed and announced.
+        self._flushing = False
         self._thread = threading.Thread(target=self._loop, name="delayq-acks", daemon=True)
         self._thread.start()
 
@@ -73,6 +75,14 @@ class AckBuffer:
     def pending(self) -> int:
         with self._cond:
             return len(self._items)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until everything handed over is committed and announced (``--burst``:
+        a success may let the next message of its group go, which the last claim
+        must see)."""
+        with self._cond:
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not self._items and not self._flushing, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Commit what is waiting and stop the thread."""
@@ -93,12 +103,18 @@ class AckBuffer:
                     break
                 self._cond.wait(remaining)
             batch, self._items = self._items, []
+            self._flushing = True
             return batch
 
     def _loop(self) -> None:
         try:
             while (batch := self._take()) is not None:
-                self._flush(batch)
+                try:
+                    self._flush(batch)
+                finally:
+                    with self._cond:
+                        self._flushing = False
+                        self._cond.notify_all()
         finally:
             connections.close_all()
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Protocol
 
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.dispatch import Signal
 
 from django_delayq import signals
@@ -33,6 +33,7 @@ from django_delayq.exceptions import (
     Retry,
     TimeLimitExceeded,
 )
+from django_delayq.flow import failure_blocks
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
@@ -271,6 +272,29 @@ def record_success(message: Message, duration: float, *, using: str) -> None:
         duration=duration,
         using=using,
     )
+    _group_goes_on(message, using)
+
+
+def _group_goes_on(message: Message, using: str) -> None:
+    """Let the next message of ``message``'s group go, now that ``message`` is done.
+
+    After the commit of its outcome, so the next message never starts
+    before it has ended. If this fails (or the worker dies first), a sweep
+    of every worker's maintenance lets it go a little later.
+    """
+    group = getattr(message, "group", "")
+    if not group:
+        return
+    try:
+        changes.release_groups([(message.queue, group)], using=using)
+    except DatabaseError:
+        logger.warning(
+            "could not let group %s of queue %s go on; the groups' sweep will",
+            group,
+            message.queue,
+            exc_info=True,
+        )
+        connections[using].close()
 
 
 def record_time_limit(
@@ -342,6 +366,10 @@ def _record_failure(
     )
 
 
+# Outcomes that leave a message failed: its group goes on past it where the
+# queue says so (GROUP_AFTER_FAILURE = "continue").
+_GIVEN_UP = frozenset({Result.FAILED, Result.DISCARDED})
+
 # What records each outcome but success, the signal that announces it and its log level.
 _OUTCOMES: dict[Result, tuple[Callable[..., int], Signal, int]] = {
     Result.SNOOZED: (changes.snooze, signals.message_retried, logging.INFO),
@@ -383,6 +411,8 @@ def _record(
             level, *log, exc_info=exc_info, extra=message_fields(message, outcome=result, **fields)
         )
         signals.send(signal, message=message, attempt=message.attempt_count, using=using, **sent)
+        if result in _GIVEN_UP and not failure_blocks(message.queue):
+            _group_goes_on(message, using)
 
     _announce(later, announce)
     return result

@@ -13,7 +13,10 @@ next turn.
   ``CRON_INSTALL_INTERVAL``; duplicates are impossible (``cron/install.py``).
 * Every ``HEARTBEAT_INTERVAL``, the running messages of workers whose
   heartbeat stopped are handed back (``liveness.release_dead``), so they are
-  redelivered within seconds rather than at the end of their leases.
+  redelivered within seconds rather than at the end of their leases; and
+  every ordered group whose next message is held although nothing before it
+  is left (a worker died between an outcome and letting its group go, or a
+  failed message was pruned) goes on (``changes.release_groups``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from django.db import DatabaseError, connections
 from django_delayq import liveness, retention
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.cron import install
+from django_delayq.store import changes
 from django_delayq.worker.inflight import Book
 
 logger = logging.getLogger("django_delayq.worker")
@@ -71,6 +75,13 @@ class Maintenance:
                 self.release_dead,
             )
         )
+        self.tasks.append(
+            _Task(
+                "let ordered groups go on",
+                to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds(),
+                self.release_groups,
+            )
+        )
 
     def run_due(self) -> None:
         """Run every task whose turn has come; a failure waits for the task's next turn."""
@@ -104,6 +115,11 @@ class Maintenance:
 
     def install_schedules(self) -> None:
         install.install_schedules(using=self.using)
+
+    def release_groups(self) -> None:
+        released = changes.release_groups(using=self.using)
+        if released:
+            logger.info("let %d ordered group(s) go on past a finished message", released)
 
     def release_dead(self) -> None:
         released = sum(liveness.release_dead(self.name, using=self.using).values())

@@ -1145,3 +1145,94 @@ def test_cancel_ticks_cancels_only_pending_never_attempted_rows(
     del after[ticks["untouched"]], before[ticks["untouched"]]
     assert after == before
     assert changes.cancel_ticks([], reason="missed", now=now, using="default") == 0
+
+
+# -- ordered groups: group_clear, hold_back, release_groups, groups_of -----------------------
+
+
+def test_group_clear_lets_only_the_first_message_of_a_group_run(fake_clock: FakeClock) -> None:
+    first = MESSAGE.add(group="g")
+    second = MESSAGE.add(group="g")
+    other = MESSAGE.add(group="h")
+    free = MESSAGE.add()
+    clear = Message.objects.filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    assert set(clear.values_list("pk", flat=True)) == {first, other, free}
+    # A running message (live lease) keeps every other message of its group waiting,
+    # an earlier one too.
+    MESSAGE.set(second, status="running", next_attempt_time=at(60))
+    assert set(clear.values_list("pk", flat=True)) == {other, free}
+    # Once its lease has run out, the earlier message may run again.
+    MESSAGE.set(second, next_attempt_time=at(-1))
+    assert set(clear.values_list("pk", flat=True)) == {first, other, free}
+
+
+def test_group_clear_lets_a_failed_message_block_or_not(settings: Any) -> None:
+    MESSAGE.add(group="g", status="failed", due=None)
+    later = MESSAGE.add(group="g")
+    clear = Message.objects.filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    assert later not in set(clear.values_list("pk", flat=True))
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"q": {"GROUP_AFTER_FAILURE": "continue"}}}
+    clear = Message.objects.filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    assert later in set(clear.values_list("pk", flat=True))
+
+
+def test_hold_back_holds_what_an_earlier_message_of_its_group_holds_back() -> None:
+    head = MESSAGE.add(group="g")
+    done = MESSAGE.add(group="h", status="succeeded", due=None)
+    behind = MESSAGE.add(group="g")
+    alone = MESSAGE.add(group="h")
+    rows = {m.pk: m for m in Message.objects.filter(pk__in=[head, behind, alone])}
+    assert changes.hold_back(rows, using="default") == {behind}
+    assert MESSAGE.state(behind)["next_attempt_time"] is None
+    assert MESSAGE.state(head)["next_attempt_time"] is not None
+    assert MESSAGE.state(done)["status"] == "succeeded"
+    assert changes.hold_back({}, using="default") == set()
+
+
+def test_release_groups_lets_the_next_message_go_once_the_one_before_is_done(
+    fake_clock: FakeClock,
+) -> None:
+    head = MESSAGE.add(group="g")
+    later = at(30)
+    behind = MESSAGE.add(group="g", due=None, scheduled_time=later)
+    last = MESSAGE.add(group="g", due=None)
+    assert changes.release_groups([("q", "g")]) == 0  # the head is still pending
+    MESSAGE.set(head, status="succeeded", next_attempt_time=None)
+    assert changes.release_groups([("q", "g")]) == 1
+    assert MESSAGE.state(behind)["next_attempt_time"] == later  # its own due time
+    assert MESSAGE.state(last)["next_attempt_time"] is None
+    assert changes.release_groups([]) == 0
+
+
+def test_release_groups_without_groups_sweeps_every_group(fake_clock: FakeClock) -> None:
+    for group in ("a", "b"):
+        MESSAGE.add(group=group, status="cancelled", due=None)
+        MESSAGE.add(group=group, due=None, scheduled_time=at(-5))
+    blocked = MESSAGE.add(group="c", status="failed", due=None)
+    waiting = MESSAGE.add(group="c", due=None)
+    assert changes.release_groups() == 2
+    assert MESSAGE.state(waiting)["next_attempt_time"] is None
+    assert MESSAGE.state(blocked)["status"] == "failed"
+    # A held message whose time has passed becomes due now.
+    assert Message.objects.filter(group="a", status="pending").get().next_attempt_time == at(0)
+
+
+def test_groups_of_names_the_groups_of_a_selection() -> None:
+    MESSAGE.add(group="g")
+    MESSAGE.add(group="g")
+    MESSAGE.add(queue="other", group="g")
+    MESSAGE.add()
+    assert changes.groups_of(Message.objects.all()) == {("q", "g"), ("other", "g")}
+    assert changes.groups_of(Shipment.objects.all()) == set()
+
+
+def test_forget_compiled_claims_compiles_the_next_claim_again(settings: Any) -> None:
+    MESSAGE.claim(1)
+    if can().limit_in_subquery:
+        assert changes._claim_statements  # kept by the claim
+    changes._claim_statements[None] = ("stale", (), ())  # type: ignore[index]
+    changes.forget_compiled_claims()
+    assert not changes._claim_statements
+    changes._claim_statements[None] = ("stale", (), ())  # type: ignore[index]
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 1}  # any change of DELAYQ
+    assert not changes._claim_statements

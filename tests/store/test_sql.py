@@ -73,9 +73,11 @@ USES: dict[str, Use] = {
         lambda f: f.binary_text, "table", "queue", "key", "queue_length", "key_length", "collation"
     ),
     # write.py
-    "json_rows": use(always, "key_length"),
+    "json_rows": use(always, "key_length", "group_length"),
     "json_rows_key": use(always),
     "json_rows_payload": use(always),
+    "json_rows_grouped": use(always, "key_length", "group_length"),
+    "json_rows_group": use(always),
     "insert_rows": use(always, "table", "columns", "values", "source"),
     "ignore_conflicts": use(lambda f: f.returning, "table", "queue", "key"),
     "update_conflicts": use(

@@ -390,6 +390,7 @@ def test_template_sets_every_column_of_a_new_message() -> None:
         "updated_at": now,
         "finished_at": None,
         "superseded_at": None,
+        "group": "",
     }
     # Every column is named here: a new one needs its value decided.
     assert set(expected) == {f.attname for f in Message._meta.concrete_fields}

@@ -18,6 +18,16 @@ u.k
 -- name: json_rows_payload
 u.p
 
+-- name: json_rows_grouped
+-- The rows of [[key, "payload's JSON text", group], ...], in the document's order.
+JSON_TABLE(%s, '$[*]' COLUMNS (
+    k VARCHAR({key_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]',
+    p LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[1]',
+    g VARCHAR({group_length}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[2]')) AS u
+
+-- name: json_rows_group
+u.g
+
 -- name: column_collations
 -- The collation of the queue table's queue and key columns.
 SELECT column_name, collation_name FROM information_schema.columns

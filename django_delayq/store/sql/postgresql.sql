@@ -19,6 +19,13 @@ u.value->>0
 -- name: json_rows_payload
 u.value->1
 
+-- name: json_rows_grouped
+-- The rows of [[key, payload, group], ...], in the document's order.
+jsonb_array_elements(%s::jsonb) AS u(value)
+
+-- name: json_rows_group
+u.value->>2
+
 -- name: distinct
 -- update_conflicts' comparison: true when the two values differ, NULLs included.
 IS DISTINCT FROM

@@ -13,6 +13,13 @@ json_extract(u.value, '$[0]')
 -- name: json_rows_payload
 json_extract(u.value, '$[1]')
 
+-- name: json_rows_grouped
+-- The rows of [[key, "payload's JSON text", group], ...], in the document's order.
+json_each(%s) AS u WHERE true
+
+-- name: json_rows_group
+json_extract(u.value, '$[2]')
+
 -- name: distinct
 -- update_conflicts' comparison: true when the two values differ, NULLs included.
 IS NOT

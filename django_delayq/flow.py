@@ -1,0 +1,139 @@
+"""Flow control across every worker: rate limits, concurrency caps, ordered groups.
+
+Three controls that hold for all workers and hosts together, because every
+worker claims from the same table:
+
+* **Rate limits** (``DELAYQ["QUEUES"][q]["RATE_LIMIT"] = "100/m"``, or
+  ``@handler(..., rate_limit="5/s")`` for one kind): at most N messages
+  *started* (claimed) in any window of one period, a sliding window with no
+  burst beyond N. Messages over the limit stay pending, no attempt spent,
+  and start as soon as the window allows.
+* **Concurrency caps** (``"GLOBAL_CONCURRENCY": 3``, or
+  ``@handler(..., global_concurrency=3)``): at most N messages running at
+  once, counting live leases only, so a crashed worker's slot frees when its
+  lease expires or it is found dead.
+* **Ordered groups** (``enqueue(..., group="order-42")``): the messages of
+  one group in one queue run one at a time, in the order they were enqueued
+  (their ids). A message waiting for its retry blocks its group; so does a
+  failed one, unless the queue says ``"GROUP_AFTER_FAILURE": "continue"``.
+
+The claim enforces them itself (``store.changes.claim_limited``, under a
+row lock per limit; groups in the claim's own pick), never a check followed
+by a claim, so workers started at the same instant cannot overshoot. This
+module parses and resolves the configuration; a handler's option applies to
+its kind (a catch-all handler's to its whole queue) and wins over the
+setting, as other handler options do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django_delayq.exceptions import DelayQError
+
+PERIODS = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
+RATE_RE = re.compile(r"(?P<count>[0-9]+)\s*/\s*(?P<period>[smh])")
+#: The most starts a rate may allow per period (its sliding window is a log).
+MAX_RATE = 100_000
+GROUP_AFTER_FAILURE = ("block", "continue")
+GROUP_MAX_LENGTH = 200
+
+
+class FlowError(DelayQError, ValueError):
+    """A rate, cap or group option that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``count`` starts in any window of ``period``."""
+
+    count: int
+    period: timedelta
+
+    def __str__(self) -> str:
+        unit = next(k for k, v in PERIODS.items() if v == self.period)
+        return f"{self.count}/{unit}"
+
+
+def parse_rate(value: object, name: str = "rate_limit") -> Rate:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"``, with 1 <= N <= ``MAX_RATE``."""
+    if not isinstance(value, str):
+        raise FlowError(f"{name} must be a str such as '100/m', got {type(value).__name__}")
+    match = RATE_RE.fullmatch(value.strip())
+    if match is None:
+        raise FlowError(
+            f"{name} {value!r} is not a rate: write 'N/s', 'N/m' or 'N/h' (e.g. '100/m')"
+        )
+    count = int(match["count"])
+    if not 1 <= count <= MAX_RATE:
+        raise FlowError(f"{name} {value!r}: the count must be from 1 to {MAX_RATE}")
+    return Rate(count, PERIODS[match["period"]])
+
+
+def parse_cap(value: object, name: str = "global_concurrency") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FlowError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_group(group: object, where: str = "") -> str:
+    """A group name: a str of at most ``GROUP_MAX_LENGTH`` characters, no NUL ("": none)."""
+    if not isinstance(group, str):
+        raise TypeError(f"{where}group must be a str, got {type(group).__name__}")
+    if len(group) > GROUP_MAX_LENGTH:
+        raise ValueError(f"{where}group is {len(group)} characters, over {GROUP_MAX_LENGTH}")
+    if "\x00" in group:
+        raise ValueError(f"{where}group contains a NUL character (\\x00)")
+    return group
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The global limits of one scope: a queue (``kind`` None) or one kind in it."""
+
+    queue: str
+    kind: str | None
+    rate: Rate | None = None
+    cap: int | None = None
+
+    @property
+    def scope(self) -> str:
+        return self.queue if self.kind is None else f"{self.queue}/{self.kind}"
+
+
+def limits_of(queue: str) -> list[Limit]:
+    """The limits of ``queue``: its own (settings, or its catch-all handler's) and its kinds'."""
+    from django_delayq.conf import get_config
+    from django_delayq.registry import registry
+
+    setting: dict[str, Any] = get_config()["QUEUES"].get(queue, {})
+    rate = setting.get("RATE_LIMIT")
+    cap = setting.get("GLOBAL_CONCURRENCY")
+    found: dict[str | None, Limit] = {}
+    specs = {s.kind: s for s in registry.for_queue(queue)}
+    catch_all = specs.get(None)
+    queue_rate = catch_all.rate_limit if catch_all and catch_all.rate_limit else None
+    queue_cap = catch_all.global_concurrency if catch_all else None
+    queue_limit = Limit(
+        queue,
+        None,
+        queue_rate or (parse_rate(rate, "RATE_LIMIT") if rate is not None else None),
+        queue_cap or (parse_cap(cap, "GLOBAL_CONCURRENCY") if cap is not None else None),
+    )
+    if queue_limit.rate or queue_limit.cap:
+        found[None] = queue_limit
+    for kind, spec in specs.items():
+        if kind is not None and (spec.rate_limit or spec.global_concurrency):
+            found[kind] = Limit(queue, kind, spec.rate_limit, spec.global_concurrency)
+    return list(found.values())
+
+
+def failure_blocks(queue: str) -> bool:
+    """Whether a failed message of ``queue`` keeps the later messages of its group waiting
+    (``GROUP_AFTER_FAILURE``: "block", the default, or "continue")."""
+    from django_delayq.conf import get_config
+
+    return get_config()["QUEUES"].get(queue, {}).get("GROUP_AFTER_FAILURE", "block") != "continue"
