@@ -11,7 +11,18 @@ from django_delayq.conf import DEFAULTS, DURATION_SETTINGS, MAX_DELAY
 from django_delayq.models import MAX_ATTEMPTS_LIMIT
 
 POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "MAX_ATTEMPTS", "PRUNE_BATCH_SIZE")
-QUEUE_KEYS = ("LEASE", "MAX_ATTEMPTS", "RETRY_POLICY", "CONCURRENCY", "TIME_LIMIT")
+QUEUE_KEYS = (
+    "LEASE",
+    "MAX_ATTEMPTS",
+    "RETRY_POLICY",
+    "CONCURRENCY",
+    "TIME_LIMIT",
+    # Flow control across every worker (flow.py): per queue only.
+    "RATE_LIMIT",
+    "GLOBAL_CONCURRENCY",
+    "GROUP_AFTER_FAILURE",
+)
+FLOW_KEYS = ("RATE_LIMIT", "GLOBAL_CONCURRENCY", "GROUP_AFTER_FAILURE")
 # Settings later features read; accepted here so that they are not flagged.
 KNOWN_EXTRA: tuple[str, ...] = ()
 
@@ -91,6 +102,8 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             errors.append(
                 Error(f"{where}RETRY_POLICY is not usable: {exc}", id="django_delayq.E005")
             )
+    elif name in FLOW_KEYS:
+        errors.extend(_check_flow(name, value, where))
     elif name == "NOTIFY":
         if not isinstance(value, bool):
             errors.append(
@@ -280,6 +293,55 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
                 )
             )
     return errors
+
+
+def _check_flow(name: str, value: Any, where: str) -> list[Error]:
+    """A queue's rate limit, global cap or GROUP_AFTER_FAILURE (E007)."""
+    from django_delayq.flow import GROUP_AFTER_FAILURE, FlowError, parse_cap, parse_rate
+
+    try:
+        if name == "RATE_LIMIT":
+            parse_rate(value, name)
+        elif name == "GLOBAL_CONCURRENCY":
+            parse_cap(value, name)
+        elif value not in GROUP_AFTER_FAILURE:
+            raise FlowError(
+                f"GROUP_AFTER_FAILURE must be one of {', '.join(map(repr, GROUP_AFTER_FAILURE))}, "
+                f"got {value!r}"
+            )
+    except FlowError as exc:
+        return [Error(f"{where}{exc}", id="django_delayq.E007")]
+    return []
+
+
+@register(Tags.models)
+def check_flow_limits(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """Global limits on a queue whose handler consumes a model's rows (E008): they
+    apply to queues of messages only."""
+    from django_delayq.conf import get_config
+    from django_delayq.registry import registry
+
+    queues = get_config()["QUEUES"]
+    if not isinstance(queues, dict):
+        return []  # E006 says so
+    problems: list[Error | Warning] = []
+    for spec in registry.all():
+        own = queues.get(spec.queue)
+        if spec.model is None or not isinstance(own, dict):
+            continue
+        named = [k for k in ("RATE_LIMIT", "GLOBAL_CONCURRENCY") if own.get(k) is not None]
+        if named:
+            problems.append(
+                Error(
+                    f"DELAYQ['QUEUES'][{spec.queue!r}] sets {' and '.join(named)}, but the "
+                    f"queue holds the rows of {spec.model._meta.label}: global limits apply "
+                    "to queues of messages only",
+                    hint="limit a queue of messages, or use CONCURRENCY (per worker)",
+                    obj=spec.model,
+                    id="django_delayq.E008",
+                )
+            )
+    return problems
 
 
 @register(Tags.models)

@@ -91,44 +91,39 @@ def check_group(group: object, where: str = "") -> str:
 
 
 @dataclass(frozen=True)
-class Limit:
-    """The global limits of one scope: a queue (``kind`` None) or one kind in it."""
+class Scope:
+    """The global limits of one scope: a queue (``kind`` "") or one kind in it."""
 
     queue: str
-    kind: str | None
+    kind: str = ""
     rate: Rate | None = None
     cap: int | None = None
 
     @property
-    def scope(self) -> str:
-        return self.queue if self.kind is None else f"{self.queue}/{self.kind}"
+    def name(self) -> str:
+        return f"{self.queue}/{self.kind}" if self.kind else self.queue
 
 
-def limits_of(queue: str) -> list[Limit]:
-    """The limits of ``queue``: its own (settings, or its catch-all handler's) and its kinds'."""
+def limits_of(queue: str) -> list[Scope]:
+    """The limits of ``queue``: its own (its catch-all handler's, else its settings'),
+    then its kinds' (their handlers'). Empty: the queue is not limited."""
     from django_delayq.conf import get_config
     from django_delayq.registry import registry
 
     setting: dict[str, Any] = get_config()["QUEUES"].get(queue, {})
-    rate = setting.get("RATE_LIMIT")
-    cap = setting.get("GLOBAL_CONCURRENCY")
-    found: dict[str | None, Limit] = {}
     specs = {s.kind: s for s in registry.for_queue(queue)}
     catch_all = specs.get(None)
-    queue_rate = catch_all.rate_limit if catch_all and catch_all.rate_limit else None
-    queue_cap = catch_all.global_concurrency if catch_all else None
-    queue_limit = Limit(
-        queue,
-        None,
-        queue_rate or (parse_rate(rate, "RATE_LIMIT") if rate is not None else None),
-        queue_cap or (parse_cap(cap, "GLOBAL_CONCURRENCY") if cap is not None else None),
-    )
-    if queue_limit.rate or queue_limit.cap:
-        found[None] = queue_limit
-    for kind, spec in specs.items():
+    rate = catch_all.rate_limit if catch_all else None
+    cap = catch_all.global_concurrency if catch_all else None
+    if rate is None and setting.get("RATE_LIMIT") is not None:
+        rate = parse_rate(setting["RATE_LIMIT"], "RATE_LIMIT")
+    if cap is None and setting.get("GLOBAL_CONCURRENCY") is not None:
+        cap = parse_cap(setting["GLOBAL_CONCURRENCY"], "GLOBAL_CONCURRENCY")
+    found = [Scope(queue, "", rate, cap)] if rate or cap else []
+    for kind, spec in sorted(specs.items(), key=lambda item: item[0] or ""):
         if kind is not None and (spec.rate_limit or spec.global_concurrency):
-            found[kind] = Limit(queue, kind, spec.rate_limit, spec.global_concurrency)
-    return list(found.values())
+            found.append(Scope(queue, kind, spec.rate_limit, spec.global_concurrency))
+    return found
 
 
 def failure_blocks(queue: str) -> bool:

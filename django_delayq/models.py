@@ -266,10 +266,6 @@ class FlowState(models.Model):
     # (on SQLite too, where it takes the database's write lock first, so a
     # claim never has to upgrade a read lock).
     claimed_at = models.DateTimeField(null=True, blank=True)
-    # Set by a claim that found due messages but no room under the limit:
-    # until when (the rate's window) or since when (the cap) it held them back.
-    throttled_until = models.DateTimeField(null=True, blank=True)
-    capped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = _("flow state")

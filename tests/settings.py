@@ -96,6 +96,8 @@ if os.environ.get("DELAYQ_TEST_HEARTBEAT"):
 if os.environ.get("DELAYQ_TEST_DEAD_AFTER"):
     DELAYQ["WORKER_DEAD_AFTER"] = float(os.environ["DELAYQ_TEST_DEAD_AFTER"])
 # Cron schedules for worker subprocesses, as JSON: {"name": {"every": 2, "queue": "ticks"}}.
+if os.environ.get("DELAYQ_TEST_QUEUES"):
+    DELAYQ["QUEUES"] = json.loads(os.environ["DELAYQ_TEST_QUEUES"])
 if os.environ.get("DELAYQ_TEST_SCHEDULES"):
     DELAYQ["SCHEDULES"] = json.loads(os.environ["DELAYQ_TEST_SCHEDULES"])
 if os.environ.get("DELAYQ_TEST_CRON_INSTALL_INTERVAL"):

@@ -32,6 +32,7 @@ from django.db import DatabaseError, connections, reset_queries, router
 
 from django_delayq import liveness
 from django_delayq.conf import get_config, to_timedelta
+from django_delayq.flow import Scope, limits_of
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.store import changes
@@ -77,7 +78,8 @@ def resolve_queues(queues: list[str] | None) -> list[str]:
 
 
 def make_lanes(queues: list[str], specs: list[HandlerSpec], concurrency: int) -> list[Lane]:
-    """One shared lane, plus one per queue with a concurrency cap or a model of its own."""
+    """One shared lane, plus one per queue with a concurrency cap or a model of its own,
+    and one per limited kind and per limited queue (``flow.limits_of``)."""
     caps: dict[str, int] = {}
     queue_overrides = get_config()["QUEUES"]
     for queue in queues:
@@ -88,13 +90,35 @@ def make_lanes(queues: list[str], specs: list[HandlerSpec], concurrency: int) ->
         if cap:
             caps[queue] = min(int(cap), concurrency)
     models = {s.queue: s.model for s in specs if s.model is not None}
-    shared = [q for q in queues if q not in caps and q not in models]
+    limited = {q: found for q in queues if q not in models and (found := limits_of(q))}
+    shared = [q for q in queues if q not in caps and q not in models and q not in limited]
     lanes = [Lane(shared, concurrency)] if shared else []
-    lanes += [
-        Lane([q], caps.get(q, concurrency), model=models.get(q, Message))
-        for q in queues
-        if q in caps or q in models
+    for queue in queues:
+        if queue in limited:
+            lanes += _limited_lanes(queue, limited[queue], caps.get(queue, concurrency))
+        elif queue in caps or queue in models:
+            lanes.append(
+                Lane([queue], caps.get(queue, concurrency), model=models.get(queue, Message))
+            )
+    return lanes
+
+
+def _limited_lanes(queue: str, scopes: list[Scope], cap: int) -> list[Lane]:
+    """A lane per limited kind of ``queue`` (under its own and the queue's limits), and
+    one for the rest of it (under the queue's, if it has any)."""
+    whole = tuple(s for s in scopes if not s.kind)
+    kinds = frozenset(s.kind for s in scopes if s.kind)
+
+    def slots(limits: tuple[Scope, ...]) -> int:
+        # No point in more slots than the tightest global cap lets run.
+        return min([cap, *(s.cap for s in limits if s.cap is not None)])
+
+    lanes = [
+        Lane([queue], slots((s, *whole)), limits=(s, *whole), kinds=(frozenset({s.kind}), True))
+        for s in scopes
+        if s.kind
     ]
+    lanes.append(Lane([queue], slots(whole), limits=whole, kinds=(kinds, False) if kinds else None))
     return lanes
 
 
@@ -264,7 +288,8 @@ class Worker:
                     if claimed:
                         last_look = False
                         continue
-                    if self.burst and self.book.idle():
+                    if self.burst and self.book.idle() and not self.claimer.held_back():
+                        # (Messages a limit holds back are due: --burst runs them too.)
                         if last_look:
                             break
                         if acks is not None:

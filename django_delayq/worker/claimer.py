@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
-from django_delayq.store import changes
+from django_delayq.store import changes, limits
 from django_delayq.store.queries import QueueQuerySet
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.wakeup import Waker
@@ -50,6 +50,10 @@ MIN_IDLE_SLEEP = 0.01
 # The longest a notification waits to be claimed together with the next ones,
 # while claims keep finding work (at 200 messages a second: two per claim).
 COALESCE = 0.01
+
+# How often a lane held back by a global cap looks again for a free place
+# (its own messages' ends wake it at once; other workers' are seen this way).
+CAP_RECHECK = timedelta(seconds=0.25)
 
 # Adaptive claims (DELAYQ["BATCH_SIZE"] = None): the first claim of a lane
 # asks for ADAPTIVE_FIRST_BATCH (at least one per slot); later ones for about
@@ -94,6 +98,7 @@ class Claimer:
         self._drained: set[int] = set()
         self._next_due: datetime | None = None
         self._next_due_read: float | None = None
+        self._next_due_skip: frozenset[str] = frozenset()
         # When a claim last found work (monotonic): the coalescing window.
         self._worked_at = float("-inf")
 
@@ -123,18 +128,22 @@ class Claimer:
             if limit <= 0:
                 continue
             entity = lane.model is not Message
-            result = changes.claim(
-                queues,
-                limit,
-                worker=self.name,
-                lease=self.leases.get((queues[0], None), self.default_lease)
-                if entity
-                else self.default_lease,
-                leases=self.leases,
-                using=self.using,
-                model=lane.model,
-            )
-            if len(result.messages) < limit:
+            if lane.limits:
+                result = self._claim_limited(lane, queues, limit)
+            else:
+                result = changes.claim(
+                    queues,
+                    limit,
+                    worker=self.name,
+                    lease=self.leases.get((queues[0], None), self.default_lease)
+                    if entity
+                    else self.default_lease,
+                    leases=self.leases,
+                    using=self.using,
+                    model=lane.model,
+                    kinds=lane.kinds,
+                )
+            if len(result.messages) < limit or lane.wake_at is not None:
                 self._drained.add(id(lane))
             if not result.messages:
                 continue
@@ -142,6 +151,29 @@ class Claimer:
             total += len(result.messages)
             self.book.add(self._in_flight(lane, row, result.token) for row in result.messages)
         return total
+
+    def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> changes.Claim:
+        """Claim under the lane's global limits; when they hold messages back, the lane
+        waits: until the rate's window frees a start, or (a cap) ``CAP_RECHECK``, or
+        until one of its own messages ends."""
+        result = limits.claim_limited(
+            queues,
+            limit,
+            lane.limits,
+            worker=self.name,
+            lease=self.default_lease,
+            leases=self.leases,
+            using=self.using,
+            kinds=lane.kinds,
+        )
+        lane.capped = result.held_back and result.retry_at is None
+        if not result.held_back:
+            lane.wake_at = None
+        elif result.retry_at is not None:
+            lane.wake_at = result.retry_at
+        else:
+            lane.wake_at = clock.now() + CAP_RECHECK
+        return result.claim
 
     def _in_flight(self, lane: Lane, row: object, token: object) -> InFlight:
         # A model's rows are its queue's, whatever columns it has.
@@ -154,12 +186,28 @@ class Claimer:
         return InFlight(row, token, lane, lease or self.default_lease, limit)  # type: ignore[arg-type]
 
     def wants(self, lane: Lane) -> bool:
-        """Whether a freed slot of ``lane`` is worth a claim (the lane is not drained)."""
+        """Whether a freed slot of ``lane`` is worth a claim (the lane is not drained).
+
+        A lane held back by a global cap is: the message that ended freed a
+        place under the cap.
+        """
+        if lane.capped:
+            lane.capped, lane.wake_at = False, None
+            self._drained.discard(id(lane))
         return id(lane) not in self._drained
 
     def undrain(self) -> None:
-        """Claim from every lane at the next round (something may be due anywhere)."""
-        self._drained.clear()
+        """Claim from every lane at the next round (something may be due anywhere),
+        but those its limits hold back for a while yet."""
+        now = clock.now()
+        for lane in self.book.lanes:
+            if lane.wake_at is None or lane.wake_at <= now:
+                self._drained.discard(id(lane))
+
+    def held_back(self) -> list[Lane]:
+        """Lanes whose global limits hold due messages back for a while yet."""
+        now = clock.now()
+        return [lane for lane in self.book.lanes if lane.wake_at is not None and lane.wake_at > now]
 
     def forget_next_due(self) -> None:
         """Read the next due time again at the next sleep (a retry was scheduled)."""
@@ -170,7 +218,13 @@ class Claimer:
         assert self.waker is not None
         now = clock.now()
         timeout = self.poll_interval
-        next_due = self.next_due()
+        held_back = self.held_back()
+        # The due messages of a queue its limits hold back do not wake the
+        # worker: the end of the hold does.
+        next_due = self.next_due(frozenset(q for lane in held_back for q in lane.queues))
+        for lane in held_back:
+            if lane.wake_at is not None and (next_due is None or lane.wake_at < next_due):
+                next_due = lane.wake_at
         hint = self.waker.hint
         if hint is not None and (next_due is None or hint < next_due):
             next_due = hint
@@ -189,27 +243,29 @@ class Claimer:
                 self.waker.wait(wait)
                 notified = notified | self.waker.notified
             for lane in self.book.lanes:
-                if not notified.isdisjoint(lane.queues):
+                if not notified.isdisjoint(lane.queues) and lane not in held_back:
                     self._drained.discard(id(lane))
             # Answered by the claim that follows; a later due time in a
             # notification stays as the time to wake up.
             self.waker.hint = None
 
-    def next_due(self) -> datetime | None:
-        """The earliest due time of this worker's queues, read at most once per poll interval
-        (and again once it has come)."""
+    def next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
+        """The earliest due time of this worker's queues but ``skip``, read at most once
+        per poll interval (and again once it has come, or when ``skip`` changes)."""
         read = self._next_due_read
         if (
             read is None
+            or skip != self._next_due_skip
             or time.monotonic() - read >= self.poll_interval
             or (self._next_due is not None and self._next_due <= clock.now())
         ):
-            self._next_due = self._read_next_due()
+            self._next_due = self._read_next_due(skip)
             self._next_due_read = time.monotonic()
+            self._next_due_skip = skip
         return self._next_due
 
-    def _read_next_due(self) -> datetime | None:
-        active = [q for q in self.queues if q not in self._paused]
+    def _read_next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
+        active = [q for q in self.queues if q not in self._paused and q not in skip]
         next_due = (
             Message.objects.using(self.using).in_queues(active).next_due() if active else None
         )

@@ -26,11 +26,12 @@ import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Model
 
+from django_delayq.flow import Scope
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 
@@ -48,12 +49,23 @@ class Lane:
     """Queues that share a cap on concurrently running messages.
 
     A ``QueueFields`` model's queue is a lane of its own, claimed from that
-    model's table (``model``); every other lane claims messages.
+    model's table (``model``); every other lane claims messages. A queue with
+    global limits is a lane of its own too (one per limited kind, and one for
+    its other kinds), claimed under its ``limits`` (``store.limits``) and
+    never ahead of its free slots: a message held in one worker's prefetch is
+    a start another worker could not make.
     """
 
     queues: list[str]
     cap: int
     model: type[Model] = Message
+    limits: tuple[Scope, ...] = ()
+    # Only these kinds (True) or all but these (False); None: every kind.
+    kinds: tuple[frozenset[str], bool] | None = None
+    # Held back by its limits until then (the claimer's clock); None: not held back.
+    wake_at: datetime | None = None
+    # Held back by a cap (room comes when a running message ends) rather than a rate.
+    capped: bool = False
     queued: deque[InFlight] = field(default_factory=deque)
     running: int = 0
     held: int = 0
@@ -144,6 +156,8 @@ class Book:
         with self.cond:
             if self.stopping or len(lane.queued) >= batch:
                 return 0
+            if lane.limits:
+                return max(0, lane.cap - lane.held)
             return max(0, min(batch, lane.cap + 2 * batch - lane.held))
 
     # -- executors ------------------------------------------------------------

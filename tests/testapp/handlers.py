@@ -219,3 +219,15 @@ def ship(shipment: Shipment) -> None:
     if shipment.attempt_count <= shipment.fail:
         raise Boom(f"attempt {shipment.attempt_count} of shipment {shipment.pk} failed")
     Shipment.objects.filter(pk=shipment.pk).update(shipped_at=timezone.now())
+
+
+# Global limits (tests/integration/test_limits.py, tests/process/test_flow_control.py):
+# the queue runs at most 2 at once across workers, its webhooks start at most 5 a second.
+@handler("limited", global_concurrency=2)
+def limited_handler(message):
+    _run(message)
+
+
+@handler("limited", kind="webhook", rate_limit="5/s")
+def limited_webhook_handler(message):
+    _run(message)

@@ -1,0 +1,177 @@
+"""Global rate limits and concurrency caps, enforced by the claim itself.
+
+A limited claim is one transaction: it locks the row of each limit that
+applies (``FlowState``, one per queue or kind, always in the same order, so
+claims never deadlock), measures the room the limits leave, claims at most
+that, and records the starts, then commits. Every worker on every host
+claims a limited queue through the same rows, so claims of one limit take
+turns and never overshoot together, however many workers start at the same
+instant; claims of other queues never touch these rows.
+
+* A **rate** (``N`` per period) is a sliding window: at most ``N`` starts
+  in any window of one period, counted in ``FlowStart`` (one row per start,
+  stamped with the claim's own time on the database's clock). All ``N`` may
+  start at once: the burst is the whole allowance, and the next start waits
+  until the oldest one leaves the window.
+* A **cap** counts the live leases of the scope: running messages whose
+  lease has not expired. A crashed worker's message stops counting when its
+  lease runs out (or when its worker is found dead and it is handed back).
+
+Messages the limits hold back are not touched: they stay pending, with no
+attempt spent and no error recorded, and start when there is room.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import router, transaction
+from django.db.models import Count, Min
+
+from django_delayq import clock
+from django_delayq.flow import Rate, Scope
+from django_delayq.models import FlowStart, FlowState, Message
+from django_delayq.status import Status
+from django_delayq.store.changes import Claim, claim
+
+# Starts older than two periods and this are deleted (a claim that began
+# before a later one, but locked after it, still counts every start of its
+# own window).
+PRUNE_MARGIN = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class LimitedClaim:
+    """What a limited claim got, and whether the limits (not a lack of due
+    messages) kept it short."""
+
+    claim: Claim
+    held_back: bool
+    # When the rate's window lets the next message start; None: a cap held
+    # them back (room comes when a running message ends), or nothing did.
+    retry_at: datetime | None = None
+
+
+# (alias, queue, kind) -> the pk of its FlowState row.
+_flow_ids: dict[tuple[str, str, str], int] = {}
+# (alias, flow pk) -> when this process last pruned its starts (monotonic).
+_pruned: dict[tuple[str, int], float] = {}
+
+
+def claim_limited(
+    queues: Collection[str],
+    limit: int,
+    scopes: Sequence[Scope],
+    *,
+    worker: str,
+    lease: timedelta,
+    leases: Mapping[tuple[str, str | None], timedelta] | None = None,
+    using: str | None = None,
+    kinds: tuple[Collection[str], bool] | None = None,
+) -> LimitedClaim:
+    """Claim up to ``limit`` due messages of ``queues`` within every limit of ``scopes``.
+
+    ``kinds`` narrows the claim as :func:`changes.claim` does (a limited
+    kind is claimed apart from the rest of its queue).
+    """
+    alias = using or router.db_for_write(Message)
+    ordered = sorted(scopes, key=lambda s: (s.queue, s.kind))
+    with transaction.atomic(using=alias):
+        flows = [_lock(alias, scope) for scope in ordered]
+        room = limit
+        oldest: datetime | None = None
+        for scope, flow in zip(ordered, flows, strict=True):
+            if scope.rate is not None:
+                used, first = _starts(alias, flow, scope.rate)
+                room = min(room, scope.rate.count - used)
+                if first is not None and (oldest is None or first + scope.rate.period < oldest):
+                    oldest = first + scope.rate.period
+            if scope.cap is not None:
+                room = min(room, scope.cap - _running(alias, scope))
+        if room <= 0:
+            return LimitedClaim(Claim(uuid.uuid4(), []), held_back=True, retry_at=oldest)
+        got = claim(
+            queues, room, worker=worker, lease=lease, leases=leases, using=alias, kinds=kinds
+        )
+        rated = [f for s, f in zip(ordered, flows, strict=True) if s.rate is not None]
+        if rated and got.messages:
+            FlowStart.objects.using(alias).bulk_create(
+                FlowStart(flow_id=flow, started_at=m.last_attempt_time)
+                for flow in rated
+                for m in got.messages
+            )
+    held_back = room < limit and len(got.messages) == room
+    retry_at = None
+    if held_back:
+        retry_at = _next_start(ordered, got.messages, oldest)
+    return LimitedClaim(got, held_back=held_back, retry_at=retry_at)
+
+
+def _next_start(
+    scopes: Sequence[Scope], claimed: Sequence[Message], oldest: datetime | None
+) -> datetime | None:
+    """When a rate next lets a message start, after a claim that used all its room."""
+    periods = [s.rate.period for s in scopes if s.rate is not None]
+    if not periods:
+        return None
+    first = min((m.last_attempt_time for m in claimed if m.last_attempt_time), default=None)
+    times = [t for t in (oldest, first and first + min(periods)) if t is not None]
+    return min(times) if times else None
+
+
+def _lock(alias: str, scope: Scope) -> int:
+    """Lock the scope's row (creating it the first time); its pk.
+
+    The lock is a write: on SQLite it takes the database's write lock at
+    the start of the transaction, so the claim never has to upgrade a read.
+    """
+    key = (alias, scope.queue, scope.kind)
+    for _ in range(2):
+        flow = _flow_ids.get(key)
+        if flow is None:
+            state, _ = FlowState.objects.using(alias).get_or_create(
+                queue=scope.queue, kind=scope.kind
+            )
+            flow = _flow_ids[key] = state.pk
+        if FlowState.objects.using(alias).filter(pk=flow).update(claimed_at=clock.sql_now()):
+            return flow
+        _flow_ids.pop(key, None)  # deleted meanwhile (a flushed database): make it again
+    raise RuntimeError(f"could not lock the flow state of {scope.name}")
+
+
+def _starts(alias: str, flow: int, rate: Rate) -> tuple[int, datetime | None]:
+    """How many starts the rate's window holds now, and the oldest of them.
+
+    Counted without an upper bound: a claim whose transaction began before
+    another's (so its clock reads earlier) but locked after it still counts
+    the other's starts.
+    """
+    _prune(alias, flow, rate)
+    starts = FlowStart.objects.using(alias).filter(flow_id=flow)
+    window = starts.filter(started_at__gt=clock.sql_now_plus(-rate.period))
+    found = window.aggregate(n=Count("pk"), oldest=Min("started_at"))
+    return int(found["n"]), found["oldest"]
+
+
+def _prune(alias: str, flow: int, rate: Rate) -> None:
+    """Delete starts long out of the window, at most once per period per process."""
+    now = time.monotonic()
+    if now - _pruned.get((alias, flow), float("-inf")) < rate.period.total_seconds():
+        return
+    _pruned[(alias, flow)] = now
+    cutoff = clock.sql_now_plus(-(2 * rate.period + PRUNE_MARGIN))
+    FlowStart.objects.using(alias).filter(flow_id=flow, started_at__lt=cutoff).delete()
+
+
+def _running(alias: str, scope: Scope) -> int:
+    """The scope's live leases (``delayq_due_idx``: the queue's rows due later)."""
+    rows = Message.objects.using(alias).filter(
+        queue=scope.queue, status=Status.RUNNING, next_attempt_time__gt=clock.sql_now()
+    )
+    if scope.kind:
+        rows = rows.filter(kind=scope.kind)
+    return rows.count()

@@ -1,0 +1,164 @@
+"""Global rate limits and concurrency caps, claim by claim (``store.limits``).
+
+Each test drives ``claim_limited`` directly on the test's clock, on every
+database; ``tests/process/test_flow_control.py`` proves the same with real
+workers and real time.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from django_delayq import enqueue, enqueue_many
+from django_delayq.flow import Scope, limits_of, parse_rate
+from django_delayq.models import FlowStart, Message
+from django_delayq.registry import registry
+from django_delayq.store import changes
+from django_delayq.store.limits import claim_limited
+from django_delayq.worker import make_lanes
+from tests.conftest import FakeClock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LEASE = timedelta(minutes=5)
+
+
+def claim(scopes, limit=10, queue="default", **options):
+    return claim_limited([queue], limit, scopes, worker="w", lease=LEASE, **options)
+
+
+def test_a_rate_lets_at_most_its_count_start_in_a_period(fake_clock: FakeClock):
+    enqueue_many("default", [{}] * 10)
+    rate = Scope("default", rate=parse_rate("3/s"))
+    first = claim([rate])
+    assert len(first.claim.messages) == 3
+    assert first.held_back
+    start = first.claim.messages[0].last_attempt_time
+    assert first.retry_at == start + timedelta(seconds=1)
+    second = claim([rate])
+    assert second.claim.messages == [] and second.held_back
+    assert second.retry_at == start + timedelta(seconds=1)
+    assert Message.objects.filter(status="pending", attempt_count=0).count() == 7
+    fake_clock.advance(0.999)
+    assert claim([rate]).claim.messages == []
+    fake_clock.advance(0.002)
+    assert len(claim([rate]).claim.messages) == 3
+
+
+def test_the_window_slides_rather_than_resetting(fake_clock: FakeClock):
+    enqueue_many("default", [{}] * 10)
+    rate = Scope("default", rate=parse_rate("4/s"))
+    assert len(claim([rate], limit=2).claim.messages) == 2  # t = 0
+    fake_clock.advance(0.5)
+    assert len(claim([rate]).claim.messages) == 2  # t = 0.5: 2 more, the window is full
+    fake_clock.advance(0.6)
+    # t = 1.1: the two of t = 0 have left the window, the two of t = 0.5 have not.
+    got = claim([rate])
+    assert len(got.claim.messages) == 2
+    assert got.retry_at == fake_clock() - timedelta(seconds=0.6) + timedelta(seconds=1)
+
+
+def test_a_claim_that_finds_fewer_than_the_room_is_not_held_back():
+    enqueue_many("default", [{}] * 2)
+    got = claim([Scope("default", rate=parse_rate("5/s"))])
+    assert len(got.claim.messages) == 2 and not got.held_back and got.retry_at is None
+    assert FlowStart.objects.count() == 2
+
+
+def test_a_cap_counts_live_leases_only(fake_clock: FakeClock):
+    enqueue_many("default", [{}] * 6)
+    cap = Scope("default", cap=2)
+    got = claim([cap])
+    assert len(got.claim.messages) == 2 and got.held_back and got.retry_at is None
+    assert claim([cap]).claim.messages == []
+    # One ends: its place is free.
+    first = got.claim.messages[0]
+    assert changes.ack([first.pk], got.claim.token) == 1
+    assert len(claim([cap]).claim.messages) == 1
+    # The leases of a crashed worker run out: their places are free.
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    assert len(claim([cap]).claim.messages) == 2
+
+
+def test_a_kind_limit_limits_only_that_kind(fake_clock: FakeClock):
+    enqueue_many("default", [{}] * 3, kind="slow")
+    enqueue_many("default", [{}] * 3, kind="fast")
+    slow = Scope("default", "slow", cap=1)
+    got = claim([slow], kinds=(["slow"], True))
+    assert [m.kind for m in got.claim.messages] == ["slow"]
+    rest = changes.claim(["default"], 10, worker="w", lease=LEASE, kinds=(["slow"], False))
+    assert sorted(m.kind for m in rest.messages) == ["fast"] * 3
+
+
+def test_a_queue_limit_and_a_kind_limit_both_hold(fake_clock: FakeClock):
+    enqueue_many("default", [{}] * 5, kind="a")
+    queue = Scope("default", rate=parse_rate("3/m"))
+    kind = Scope("default", "a", cap=5)
+    assert len(claim([kind, queue], kinds=(["a"], True)).claim.messages) == 3
+
+
+def test_groups_and_limits_together():
+    enqueue_many("default", [{}] * 3, group="g")
+    got = claim([Scope("default", rate=parse_rate("10/s"))])
+    assert len(got.claim.messages) == 1  # the group runs one at a time
+
+
+def test_limits_come_from_the_settings_and_the_handlers(settings):
+    settings.DELAYQ = {
+        **settings.DELAYQ,
+        "QUEUES": {"default": {"RATE_LIMIT": "100/m", "GLOBAL_CONCURRENCY": 3}},
+    }
+    assert limits_of("default") == [Scope("default", "", parse_rate("100/m"), 3)]
+    assert limits_of("other") == []
+    lanes = make_lanes(["default", "other"], registry.all(), 8)
+    limited = [lane for lane in lanes if lane.limits]
+    assert [(lane.queues, lane.cap, lane.kinds) for lane in limited] == [(["default"], 3, None)]
+    assert any(lane.queues == ["other"] and not lane.limits for lane in lanes)
+
+
+def test_a_limited_kind_is_claimed_apart_from_the_rest_of_its_queue():
+    assert limits_of("limited") == [
+        Scope("limited", "", None, 2),
+        Scope("limited", "webhook", parse_rate("5/s"), None),
+    ]
+    lanes = make_lanes(["limited"], registry.all(), 8)
+    assert [(lane.cap, lane.limits, lane.kinds) for lane in lanes] == [
+        (2, tuple(limits_of("limited")[::-1]), (frozenset({"webhook"}), True)),
+        (2, (limits_of("limited")[0],), (frozenset({"webhook"}), False)),
+    ]
+
+
+def test_a_held_back_message_spends_no_attempt(fake_clock: FakeClock):
+    enqueue("default", {}, key="a")
+    enqueue("default", {}, key="b")
+    rate = Scope("default", rate=parse_rate("1/h"))
+    assert len(claim([rate]).claim.messages) == 1
+    assert claim([rate]).claim.messages == []
+    waiting = Message.objects.get(status="pending")
+    assert (waiting.attempt_count, waiting.last_error) == (0, "")
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time anyway")
+def test_workers_claiming_at_the_same_instant_never_overshoot():
+    import threading
+
+    enqueue_many("default", [{}] * 100)
+    rate = Scope("default", rate=parse_rate("7/m"), cap=5)
+    barrier = threading.Barrier(8)
+    counts = []
+
+    def one():
+        try:
+            barrier.wait(10)
+            counts.append(len(claim([rate], limit=4).claim.messages))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sum(counts) == 5  # the cap (5) is tighter than the rate (7)
+    assert Message.objects.filter(status="running").count() == 5
