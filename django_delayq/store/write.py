@@ -188,19 +188,28 @@ class Insert:
 
     Building it (quoting, column types) costs more than sending it; only the
     parameters are computed per call: first ``per_call`` from the template,
-    then ``constants`` (prepared once); the source's own parameters follow.
+    then ``constants`` (prepared once, or written into the text where the
+    driver binds on the client); the source's own parameters follow.
     """
 
     sql: str
     per_call: tuple[Any, ...]
     constants: tuple[Any, ...]
     returns_rows: bool  # every column (and the inserted flag), else (id, key)
+    # The template's values go to the driver as they are (PostgreSQL: every
+    # parameter is typed in the text, and psycopg adapts these types itself);
+    # otherwise through each field's preparation.
+    as_is: bool = False
 
     def params(self, shared: Message, connection: BaseDatabaseWrapper) -> list[Any]:
-        params = [
-            field.get_db_prep_save(getattr(shared, field.attname), connection)
-            for field in self.per_call
-        ]
+        if self.as_is:
+            values = shared.__dict__
+            params = [values[field.attname] for field in self.per_call]
+        else:
+            params = [
+                field.get_db_prep_save(getattr(shared, field.attname), connection)
+                for field in self.per_call
+            ]
         params.extend(self.constants)
         return params
 
@@ -228,10 +237,20 @@ def insert(
         f for f in INSERT_FIELDS if f.name not in PER_CALL_FIELDS and f.name not in source.columns
     ]
     ordered = [*per_call, *constant, *(f for f in INSERT_FIELDS if f.name in source.columns)]
+    blank = _blank()
+    constants = {
+        f.name: f.get_db_prep_save(getattr(blank, f.attname), connection) for f in constant
+    }
+    if can.inline_constants:
+        connection.ensure_connection()
     values = []
     for field in ordered:
         if field.name in source.columns:
             values.append(source.columns[field.name])
+        elif field.name in constants and can.inline_constants:
+            # The same for every message: in the text, not adapted on every call.
+            literal = connection.ops.compose_sql("%s", [constants[field.name]])
+            values.append(f"{literal.replace('%', '%%')}::{field.db_type(connection)}")
         elif can.array_parameters:
             # Typed parameters: a prepared statement's types never depend on the values.
             values.append(f"%s::{field.db_type(connection)}")
@@ -261,12 +280,12 @@ def insert(
                 sql += ", " + statement("inserted", can)
     if notify and can.notify:
         sql = statement("with_notify", can).format(insert=sql)
-    blank = _blank()
     return Insert(
         sql,
         tuple(per_call),
-        tuple(f.get_db_prep_save(getattr(blank, f.attname), connection) for f in constant),
+        () if can.inline_constants else tuple(constants.values()),
         returns_rows=returning == "rows",
+        as_is=can.array_parameters,
     )
 
 
