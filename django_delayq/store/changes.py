@@ -432,16 +432,31 @@ def release_groups(
         .order_by()
         .values("queue", "group")
         .annotate(head=Min("pk"))
-        .values_list("head", flat=True)
+        .values_list("queue", "head")
     )
     first = list(heads)
     if not first:
         return 0
     now = clock.sql_now()
     held = Message._base_manager.using(alias).filter(
-        pk__in=first, status=Status.PENDING, next_attempt_time__isnull=True
+        pk__in=[pk for _, pk in first], status=Status.PENDING, next_attempt_time__isnull=True
     )
-    return held.update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
+    released = held.update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
+    if released:
+        wake({queue for queue, _ in first}, using=alias)
+    return released
+
+
+def wake(queues: Collection[str], *, using: str | None = None) -> None:
+    """Tell idle workers of ``queues`` that messages are due now (PostgreSQL's NOTIFY,
+    sent when the caller's transaction commits): nothing else would, before their
+    next poll."""
+    from django_delayq.store.write import notify
+
+    when = clock.now()
+    connection = connections[_db(using)]
+    for queue in sorted(queues):
+        notify(connection, queue, when)
 
 
 def groups_of(rows: QuerySet[Any]) -> set[tuple[str, str]]:
@@ -800,9 +815,11 @@ def release_workers(names: Collection[str], *, using: str | None = None) -> dict
             "updated_at": clock.sql_now(),
         }
         rows = Message.objects.using(alias).held_by([name])
+        queues = set(rows.order_by().values_list("queue", flat=True).distinct())
         count = rows.update(**_ending(Message, handed_back))
         if count:
             released[name] = count
+            wake(queues, using=alias)
     return released
 
 

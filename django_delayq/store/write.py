@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
@@ -249,7 +249,7 @@ def insert(
             values.append(source.columns[field.name])
         elif field.name in constants and can.inline_constants:
             # The same for every message: in the text, not adapted on every call.
-            literal = connection.ops.compose_sql("%s", [constants[field.name]])
+            literal = cast(Any, connection.ops).compose_sql("%s", [constants[field.name]])
             values.append(f"{literal.replace('%', '%%')}::{field.db_type(connection)}")
         elif can.array_parameters:
             # Typed parameters: a prepared statement's types never depend on the values.

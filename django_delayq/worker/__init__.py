@@ -50,6 +50,8 @@ logger = logging.getLogger("django_delayq.worker")
 
 # Outcomes that make a message due again later: the next due time may move.
 RESCHEDULED = frozenset({Result.RETRYING, Result.SNOOZED})
+# Outcomes after which the next message of a group may be due (execute.py).
+GROUP_DONE = frozenset({Result.SUCCEEDED, Result.FAILED, Result.DISCARDED})
 
 __all__ = ["Worker", "resolve_queues", "worker_name"]
 
@@ -242,6 +244,7 @@ class Worker:
                 self.using,
                 max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),
                 on_lost=self._ack_lost,
+                on_group_done=self._group_done,
             )
         self.runner = Runner(
             self.book,
@@ -335,9 +338,21 @@ class Worker:
         )
         if any(result in RESCHEDULED for _, result, _ in done):
             self.claimer.forget_next_due()
+        if any(result in GROUP_DONE and getattr(item.row, "group", "") for item, result, _ in done):
+            # Recorded, and the next message of the group let go (execute.py):
+            # claim it now. (A batched success lets it go after its commit:
+            # the acknowledgement buffer calls _group_done then.)
+            wake = True
+            self.claimer.something_due()
         for item, result, elapsed in done:
             self._processed(item, result, elapsed)
         if wake and self.claimer.waker is not None:
+            self.claimer.waker.poke()
+
+    def _group_done(self) -> None:
+        """Grouped messages were acknowledged: the next ones of their groups are due."""
+        self.claimer.something_due()
+        if self.claimer.waker is not None:
             self.claimer.waker.poke()
 
     def _wants(self, lane: Lane) -> int:
@@ -371,6 +386,13 @@ class Worker:
                     len(ids),
                     exc_info=True,
                 )
+        if released:
+            # The other workers take them now, not at their next poll.
+            queues = {item.row.queue for item in items if item.lane.model is Message}
+            try:
+                changes.wake(queues, using=self.using)
+            except DatabaseError:
+                logger.warning("could not wake the other workers", exc_info=True)
         return released
 
     def _shutdown(self, acks: AckBuffer | None) -> None:

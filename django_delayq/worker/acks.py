@@ -50,11 +50,15 @@ class AckBuffer:
         max_delay: float,
         max_size: int = 500,
         on_lost: Callable[[Message], None] | None = None,
+        on_group_done: Callable[[], None] | None = None,
     ) -> None:
         self.using = using
         self.max_delay = max_delay
         self.max_size = max_size
         self.on_lost = on_lost
+        # Called after a batch that finished grouped messages: the next ones
+        # of their groups are due now.
+        self.on_group_done = on_group_done
         self._items: list[tuple[Message, uuid.UUID, float]] = []
         self._first_at = 0.0
         self._cond = threading.Condition()
@@ -139,6 +143,8 @@ class AckBuffer:
                 lease_lost(message)
                 if self.on_lost is not None:
                     self.on_lost(message)
+        if self.on_group_done is not None and any(m.group for m, _, _ in batch):
+            self.on_group_done()
 
 
 def by_token(

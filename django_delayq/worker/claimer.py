@@ -99,6 +99,12 @@ class Claimer:
         self._next_due: datetime | None = None
         self._next_due_read: float | None = None
         self._next_due_skip: frozenset[str] = frozenset()
+        # The next due time read was already past when read (see next_due).
+        self._heard_of_due = False
+        # A retry this worker scheduled may be the next due time (see next_due).
+        self._own_due = False
+        # Set from other threads: claim from every lane at the next round.
+        self._due_now = False
         # When a claim last found work (monotonic): the coalescing window.
         self._worked_at = float("-inf")
 
@@ -119,6 +125,9 @@ class Claimer:
     def claim_round(self) -> int:
         """Claim for every lane with room; returns how many messages were claimed."""
         total = 0
+        if self._due_now:
+            self._due_now = False
+            self.undrain()
         paused = self.paused_now()
         for lane in self.book.lanes:
             queues = [q for q in lane.queues if q not in paused]
@@ -196,6 +205,13 @@ class Claimer:
             self._drained.discard(id(lane))
         return id(lane) not in self._drained
 
+    def something_due(self) -> None:
+        """Claim from every lane at the next round, which has not begun yet (safe from
+        any thread): messages this worker cannot be told of became due (the next
+        messages of groups it moved on)."""
+        self._due_now = True
+        self.forget_next_due()
+
     def undrain(self) -> None:
         """Claim from every lane at the next round (something may be due anywhere),
         but those its limits hold back for a while yet."""
@@ -210,8 +226,10 @@ class Claimer:
         return [lane for lane in self.book.lanes if lane.wake_at is not None and lane.wake_at > now]
 
     def forget_next_due(self) -> None:
-        """Read the next due time again at the next sleep (a retry was scheduled)."""
+        """Read the next due time again at the next sleep (a retry was scheduled), and
+        wake for it even if it has come already."""
         self._next_due_read = None
+        self._own_due = True
 
     def idle_wait(self) -> None:
         """Sleep until something may be due: a notification, a poke, the next due time."""
@@ -251,18 +269,37 @@ class Claimer:
 
     def next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
         """The earliest due time of this worker's queues but ``skip``, read at most once
-        per poll interval (and again once it has come, or when ``skip`` changes)."""
+        per poll interval (and again once it has come, or when ``skip`` changes).
+
+        A time already past when it was read is a message due now that a
+        claim has not taken yet: under a steady stream there nearly always is
+        one. A listening worker hears of it (its NOTIFY), so that time is no
+        reason to sleep short or to read again; a polling worker claims at
+        once (the shortest sleep) and reads again after.
+        """
         read = self._next_due_read
+        now = clock.now()
+        came = self._next_due is not None and self._next_due <= now
         if (
             read is None
             or skip != self._next_due_skip
             or time.monotonic() - read >= self.poll_interval
-            or (self._next_due is not None and self._next_due <= clock.now())
+            or (came and not (self._heard_of_due and self._listening()))
         ):
             self._next_due = self._read_next_due(skip)
             self._next_due_read = time.monotonic()
             self._next_due_skip = skip
+            # Unless this worker made it due itself (a retry it scheduled): no
+            # NOTIFY tells of that one.
+            past = self._next_due is not None and self._next_due <= now
+            self._heard_of_due = past and not self._own_due
+            self._own_due = False
+        if self._heard_of_due and self._listening():
+            return None
         return self._next_due
+
+    def _listening(self) -> bool:
+        return self.waker is not None and self.waker.listening
 
     def _read_next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
         active = [q for q in self.queues if q not in self._paused and q not in skip]

@@ -15,6 +15,7 @@ from django_delayq import enqueue, enqueue_many, operations
 from django_delayq.models import Message
 from django_delayq.store import changes
 from django_delayq.worker.execute import Result
+from tests.conftest import wait_for
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -256,3 +257,32 @@ def test_a_worker_runs_each_group_in_order_and_the_groups_side_by_side(run_worke
         spans = sorted((e.started, e.finished) for e in runs.values())
         overlaps = sum(1 for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1])
         assert overlaps > 0
+
+
+@pytest.mark.parametrize("ack_delay", [None, 0.005])
+def test_a_serving_worker_runs_the_next_message_of_a_group_without_waiting_for_a_poll(
+    serving_worker, settings, ack_delay
+):
+    # Polls an hour apart: only the worker's own wake-up can move the group on.
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 3600, "ACK_DELAY": ack_delay}
+    enqueue_many("default", [{}] * 4, group="g")  # before the worker: no NOTIFY needed
+    serving_worker(["default"], concurrency=2)
+    wait_for(
+        lambda: Message.objects.filter(status="succeeded").count() == 4,
+        message="the group to run through",
+    )
+
+
+def test_other_workers_hear_of_the_next_message_of_a_group(serving_worker, settings):
+    if connection.vendor != "postgresql":
+        pytest.skip("NOTIFY is PostgreSQL's")
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 3600}
+    enqueue("default", {}, key="head", group="g")
+    enqueue("default", {}, key="next", group="g")
+    head, token = claim_one()  # as if another worker ran it
+    serving_worker(["default"], concurrency=1)
+    finish(head, token)  # its worker moves the group on: this one is told
+    wait_for(
+        lambda: Message.objects.get(key="next").status == "succeeded",
+        message="the next message to run",
+    )

@@ -1236,3 +1236,25 @@ def test_forget_compiled_claims_compiles_the_next_claim_again(settings: Any) -> 
     changes._claim_statements[None] = ("stale", (), ())  # type: ignore[index]
     settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 1}  # any change of DELAYQ
     assert not changes._claim_statements
+
+
+def test_wake_tells_listening_workers_on_postgresql(transactional_db: None) -> None:
+    if connection.vendor != "postgresql":
+        changes.wake(["q"])  # nothing to tell, nothing fails
+        return
+    import json
+
+    import psycopg
+
+    settings_dict = connection.settings_dict
+    with psycopg.connect(
+        host=settings_dict["HOST"] or None,
+        port=settings_dict["PORT"] or None,
+        user=settings_dict["USER"],
+        dbname=settings_dict["NAME"],
+        autocommit=True,
+    ) as listener:
+        listener.execute("LISTEN django_delayq")
+        changes.wake(["q", "r"])
+        heard = {json.loads(n.payload)["queue"] for n in listener.notifies(timeout=5, stop_after=2)}
+    assert heard == {"q", "r"}
