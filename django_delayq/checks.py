@@ -299,6 +299,8 @@ def _check_flow(name: str, value: Any, where: str) -> list[Error]:
     """A queue's rate limit, global cap or GROUP_AFTER_FAILURE (E007)."""
     from django_delayq.flow import GROUP_AFTER_FAILURE, FlowError, parse_cap, parse_rate
 
+    if value is None and name != "GROUP_AFTER_FAILURE":
+        return []  # no limit, as flow.limits_of reads it
     try:
         if name == "RATE_LIMIT":
             parse_rate(value, name)

@@ -60,7 +60,10 @@ DEFAULTS: dict[str, Any] = {
     # it the attempt is recorded as failed and retried by the retry policy.
     # None: no limit (the lease keeper keeps the message while it runs).
     "TIME_LIMIT": None,
-    # Per-queue overrides of LEASE, MAX_ATTEMPTS, RETRY_POLICY, CONCURRENCY, TIME_LIMIT.
+    # Per-queue settings, by queue name: overrides of LEASE, MAX_ATTEMPTS,
+    # RETRY_POLICY, CONCURRENCY and TIME_LIMIT, and the queue's flow control
+    # across every worker: RATE_LIMIT ("100/m"), GLOBAL_CONCURRENCY (3) and
+    # GROUP_AFTER_FAILURE ("block" or "continue"), which exist per queue only.
     "QUEUES": {},
     # Recurring messages, by name (see ``cron/spec.py``): {"cron": ...} or
     # {"every": ...} plus queue, payload, timezone, catch_up, ...

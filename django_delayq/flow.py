@@ -67,10 +67,11 @@ def parse_rate(value: object, name: str = "rate_limit") -> Rate:
         raise FlowError(
             f"{name} {value!r} is not a rate: write 'N/s', 'N/m' or 'N/h' (e.g. '100/m')"
         )
-    count = int(match["count"])
-    if not 1 <= count <= MAX_RATE:
+    digits = match["count"].lstrip("0")
+    # More digits than MAX_RATE's is over it (and int() refuses thousands of them).
+    if len(digits) > len(str(MAX_RATE)) or not 1 <= int(digits or "0") <= MAX_RATE:
         raise FlowError(f"{name} {value!r}: the count must be from 1 to {MAX_RATE}")
-    return Rate(count, PERIODS[match["period"]])
+    return Rate(int(digits), PERIODS[match["period"]])
 
 
 def parse_cap(value: object, name: str = "global_concurrency") -> int:

@@ -11,8 +11,11 @@
 # handler confirmed every order, the email to broken@fail.example was
 # retried and then marked failed, and the shipments (rows of a QueueFields
 # model, booked by their own handler) were booked except the undeliverable
-# one, which was retried and then marked failed. Exits non-zero if the worker did not stop
-# cleanly or the queue did not drain in time.
+# one, which was retried and then marked failed; each order's events (its
+# ordered group) ran one after the other, in order, and its order.shipped
+# marked it shipped; no more emails started in any second than the emails
+# queue's RATE_LIMIT. Exits non-zero if any of that failed, if the worker
+# did not stop cleanly or the queue did not drain in time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -109,8 +112,11 @@ manage delayq_status
 step "what happened"
 SUMMARY_PY='
 import sys
+from django.conf import settings
 from django_delayq.backends import TASK_KIND
-from django_delayq.models import Message
+from django_delayq.flow import parse_rate
+from django.db.models import Min
+from django_delayq.models import FlowStart, Message, WorkerState
 from orders.models import Order, Shipment
 from orders.tasks import send_receipt
 
@@ -140,9 +146,71 @@ for r in rows:
     print(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
 
 print()
-print("Orders (confirmed by the atomic order.placed handler):")
+print("Orders (confirmed by order.placed, then shipped by order.shipped once a shipment is booked):")
 for o in Order.objects.all():
     print(f"  #{o.pk:<3} {o.customer_email:<22} {o.total:>7}  {o.status}")
+booked = set(Shipment.objects.filter(status="succeeded").values_list("order_id", flat=True))
+wrong_orders = [
+    o.pk
+    for o in Order.objects.all()
+    if o.status != (Order.Status.SHIPPED if o.pk in booked else Order.Status.CONFIRMED)
+]
+
+print()
+print("Ordered groups (queue orders, group order-<id>): the events of each order, one at a time,")
+print("in order (times relative to the first message of the group; waited: from enqueue to start):")
+groups = {}
+for m in Message.objects.filter(queue="orders").exclude(group="").order_by("id"):
+    groups.setdefault(m.group, []).append(m)
+disorder = []
+for name, events in groups.items():
+    first = events[0].created_at
+    shown_events = []
+    for before, m in zip([None, *events], events):
+        text = (
+            f"{m.kind} {m.status} (tries {m.attempt_count}, enqueued {secs(first, m.created_at)}, "
+            f"ran {secs(first, m.last_attempt_time)}..{secs(first, m.finished_at)}"
+        )
+        if m.last_attempt_time and m.created_at:
+            text += f", waited {(m.last_attempt_time - m.created_at).total_seconds():.1f}s"
+        if before is not None and before.finished_at and m.created_at < before.finished_at:
+            text += ": held until the one before was done"
+        shown_events.append(text + ")")
+        if before is not None and (
+            not before.finished_at
+            or not m.last_attempt_time
+            or m.last_attempt_time < before.finished_at
+        ):
+            disorder.append(m.key)
+    print(f"  {name:<9} " + "\n            then ".join(shown_events))
+
+print()
+setting = settings.DELAYQ["QUEUES"]["emails"]["RATE_LIMIT"]
+rate = parse_rate(setting)
+starts = sorted(
+    FlowStart.objects.filter(flow__queue="emails", flow__kind="").values_list("started_at", flat=True)
+)
+most = low = 0
+for high, t in enumerate(starts):
+    while starts[low] <= t - rate.period:
+        low += 1
+    most = max(most, high - low + 1)
+# How long each email (its first and only attempt) waited once it was due and
+# the worker was up: the limit is what keeps an idle worker from starting it.
+worker_start = WorkerState.objects.aggregate(t=Min("started_at"))["t"]
+waits = [
+    (m.last_attempt_time - max(m.scheduled_time, worker_start)).total_seconds()
+    for m in Message.objects.filter(queue="emails", attempt_count=1)
+]
+held = [w for w in waits if w > 0.25]
+print(
+    f"Rate limit of the emails queue (RATE_LIMIT {setting!r}, for every worker together): "
+    f"{len(starts)} starts, at most {most} in any {rate.period.total_seconds():g} s window;"
+)
+print(
+    f"  {len(held)} of {len(waits)} emails that ran once were held back by it: started more than "
+    f"0.25 s after they were due (or the worker started), up to {max(held, default=0):.1f} s."
+)
 
 print()
 ran = Message.objects.filter(key__startswith="cron:heartbeat:", status="succeeded").count()
@@ -193,8 +261,12 @@ print(
 problems = []
 if early:
     problems.append(f"started before their due time: {early}")
-if Order.objects.exclude(status=Order.Status.CONFIRMED).exists():
-    problems.append("some orders are not confirmed")
+if wrong_orders:
+    problems.append(f"orders not confirmed, or not shipped once booked: {wrong_orders}")
+if disorder:
+    problems.append(f"group messages that started before the one before them was done: {disorder}")
+if most > rate.count:
+    problems.append(f"the emails queue started {most} in one window (RATE_LIMIT {setting!r})")
 if unfinished_tasks:
     problems.append(f"tasks that did not succeed: {unfinished_tasks}")
 if bad_shipments:
@@ -204,7 +276,10 @@ if counts["pending"] or counts["running"]:
 for p in problems:
     print("PROBLEM: " + p)
 if not problems:
-    print("Every message started at or after its due time; every order is confirmed.")
+    print(
+        "Every message started at or after its due time; every order is confirmed (and shipped "
+        "once booked), its events in order; the emails kept to their rate."
+    )
 sys.exit(1 if problems else 0)
 '
 summary_rc=0

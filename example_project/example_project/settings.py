@@ -113,6 +113,12 @@ DELAYQ = {
     "RETRY_POLICY": ExponentialBackoff(base=1, cap=10),
     # Finished messages stay visible in the admin this long, then are pruned.
     "RETENTION": 3 * 24 * 3600,
+    # Per queue. The mail provider takes 2 emails a second: at most 2 of the
+    # "emails" queue start in any second, across every worker and host (a
+    # sliding window); the others wait, due, with no attempt spent.
+    "QUEUES": {
+        "emails": {"RATE_LIMIT": "2/s"},
+    },
     # Recurring messages. Every worker installs the next ticks ahead (keys
     # embed the name, a hash of this configuration and the tick time, so any
     # number of workers never duplicate one); orders/handlers.py consumes

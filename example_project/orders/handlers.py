@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import logging
 
-from django_delayq import Discard, handler, tick_of
+from django_delayq import Discard, Retry, handler, tick_of
 from django_delayq.models import Message
 from orders.models import Order, Shipment
+from orders.services import order_shipped
 
 logger = logging.getLogger("orders")
+
+# Orders of this total or more wait for a payment check before they are
+# confirmed. The demo's check is still pending at its first look and clear at
+# the next, PAYMENT_CHECK_DELAY seconds later; meanwhile the order's later
+# events wait in its group (orders/services.py: order_group).
+PAYMENT_CHECK_TOTAL = 100
+PAYMENT_CHECK_DELAY = 2
 
 
 @handler("orders", kind="order.placed", atomic=True)
@@ -30,10 +38,35 @@ def confirm_order(message: Message) -> None:
         # Retrying cannot make a missing order appear: give up at once (the
         # message is kept as failed, with this reason, for an operator).
         raise Discard(f"order #{order_id} does not exist")
+    if order.total >= PAYMENT_CHECK_TOTAL and not message.is_redelivery:
+        # A snooze: no error recorded, no attempt spent. The message stays
+        # pending, so it keeps its group (the order's later events) waiting.
+        logger.info("order #%s: payment check pending, looking again shortly", order.pk)
+        raise Retry(delay=PAYMENT_CHECK_DELAY, reason="payment check pending")
     if order.status == Order.Status.NEW:
         order.status = Order.Status.CONFIRMED
         order.save(update_fields=["status"])
     logger.info("order #%s confirmed (%s, total %s)", order.pk, order.customer_email, order.total)
+
+
+class OutOfOrder(Exception):
+    """An order event met an order that is not in the state it follows."""
+
+
+@handler("orders", kind="order.shipped", atomic=True)
+def mark_shipped(message: Message) -> None:
+    """Mark the order shipped, once its shipment is booked.
+
+    The event is in the order's group, behind its ``order.placed``: it runs
+    only once that one is done, so the order is confirmed by then, however
+    long the confirmation took and however many workers run the queue.
+    """
+    order = Order.objects.get(pk=message.payload["order_id"])
+    if order.status == Order.Status.NEW:
+        raise OutOfOrder(f"order #{order.pk} shipped before it was confirmed")
+    order.status = Order.Status.SHIPPED
+    order.save(update_fields=["status"])
+    logger.info("order #%s shipped (%s)", order.pk, message.payload["tracking_number"])
 
 
 class MailServerError(Exception):
@@ -93,13 +126,15 @@ def book_shipment(shipment: Shipment) -> None:
 
     Registered for the ``Shipment`` model: the worker claims due shipment
     rows themselves and passes each row in. ``atomic=True``: the tracking
-    number and the row's ``succeeded`` commit together. Save only your own
-    columns (``update_fields``): the queue columns are the worker's.
+    number, the order's ``order.shipped`` event and the row's ``succeeded``
+    commit together. Save only your own columns (``update_fields``): the
+    queue columns are the worker's.
     """
     if "nowhere" in shipment.address.lower():
         raise CarrierError(f"address not deliverable: {shipment.address!r}")
     shipment.tracking_number = f"TRK-{shipment.order_id:04d}-{shipment.pk:04d}"
     shipment.save(update_fields=["tracking_number"])
+    order_shipped(shipment.order_id, shipment.tracking_number)
     logger.info(
         "shipment #%s of order #%s booked: %s (attempt %s)",
         shipment.pk,

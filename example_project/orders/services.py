@@ -19,6 +19,17 @@ from django_delayq import EnqueueResult, enqueue
 from orders.models import Order
 
 
+def order_group(order_id: int) -> str:
+    """The ordered group of an order's status events in the "orders" queue.
+
+    The messages of one group run one at a time, in the order they were
+    enqueued: an order's ``order.shipped`` never runs before its
+    ``order.placed`` is done, even while that one waits for a retry.
+    Different orders' events run side by side.
+    """
+    return f"order-{order_id}"
+
+
 @dataclass(frozen=True)
 class PlacedOrder:
     order: Order
@@ -37,6 +48,7 @@ def place_order(email: str, total: Decimal | str | int) -> PlacedOrder:
             {"order_id": order.pk, "email": email, "total": str(order.total)},
             key=f"confirm-{order.pk}",
             kind="order.placed",
+            group=order_group(order.pk),
         )
         follow_up = enqueue(
             "emails",
@@ -50,3 +62,17 @@ def place_order(email: str, total: Decimal | str | int) -> PlacedOrder:
             delay=follow_up_delay,
         )
     return PlacedOrder(order, confirmation, follow_up)
+
+
+def order_shipped(order_id: int, tracking_number: str) -> EnqueueResult:
+    """Enqueue an order's ``order.shipped`` event, after its earlier events (its group).
+
+    Called by the shipment's handler, in the transaction that books it.
+    """
+    return enqueue(
+        "orders",
+        {"order_id": order_id, "tracking_number": tracking_number},
+        key=f"shipped-{order_id}-{tracking_number}",
+        kind="order.shipped",
+        group=order_group(order_id),
+    )

@@ -15,9 +15,9 @@ import pytest
 from django.conf import settings
 
 from django_delayq import enqueue
-from orders.handlers import CarrierError, MailServerError
+from orders.handlers import PAYMENT_CHECK_DELAY, CarrierError, MailServerError
 from orders.models import Order, Shipment
-from orders.services import place_order
+from orders.services import order_group, place_order
 
 pytestmark = pytest.mark.django_db
 
@@ -25,12 +25,13 @@ pytestmark = pytest.mark.django_db
 def test_placing_an_order_enqueues_its_confirmation_and_follow_up(delayq):
     placed = place_order("ann@example.com", "42.50")
 
-    delayq.assert_enqueued(
+    [confirmation] = delayq.assert_enqueued(
         "orders",
         key=f"confirm-{placed.order.pk}",
         kind="order.placed",
         payload={"order_id": placed.order.pk, "email": "ann@example.com", "total": "42.50"},
     )
+    assert confirmation.group == order_group(placed.order.pk) == f"order-{placed.order.pk}"
     [follow_up] = delayq.assert_enqueued("emails", key=f"follow-up-{placed.order.pk}")
     assert follow_up.payload["subject"] == f"How was your order #{placed.order.pk}?"
 
@@ -88,3 +89,41 @@ def test_a_shipment_row_is_booked_and_an_undeliverable_one_retried(delayq):
     assert (refused.message.pk, refused.result) == (bad.pk, "retrying")
     assert isinstance(refused.exception, CarrierError)
     assert refused.message.status == "pending" and refused.message.attempt_count == 1
+
+
+def test_an_orders_shipped_event_waits_in_its_group_for_the_payment_check(delayq):
+    order = place_order("carol@example.com", "150.00").order
+
+    [check] = delayq.run_pending("orders")
+    assert check.result == "snoozed"  # orders of 100 or more: the payment check is pending
+
+    # The shipment is booked meanwhile; its handler enqueues the order's
+    # order.shipped, behind order.placed in the order's group: it is held.
+    Shipment(order=order, address="1 Main Street").schedule()
+    [booked] = delayq.run_pending("shipments")
+    assert booked.result == "succeeded"
+    [shipped] = delayq.assert_enqueued("orders", kind="order.shipped")
+    assert shipped.group == order_group(order.pk)
+    assert shipped.next_attempt_time is None  # no due time until order.placed is done
+    assert delayq.run_pending("orders") == []
+
+    delayq.advance(seconds=PAYMENT_CHECK_DELAY)
+    attempts = delayq.run_pending("orders")
+    assert [(a.message.kind, a.result) for a in attempts] == [
+        ("order.placed", "succeeded"),
+        ("order.shipped", "succeeded"),
+    ]
+    order.refresh_from_db()
+    assert order.status == Order.Status.SHIPPED
+
+
+def test_another_orders_events_do_not_wait(delayq):
+    slow = place_order("carol@example.com", "150.00").order
+    quick = place_order("dave@example.com", "5.25").order
+
+    attempts = delayq.run_pending("orders")
+
+    assert sorted((a.message.payload["order_id"], a.result) for a in attempts) == [
+        (slow.pk, "snoozed"),
+        (quick.pk, "succeeded"),
+    ]

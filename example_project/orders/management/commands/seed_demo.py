@@ -4,20 +4,24 @@ Shows the producer side of django-delayq: an order and its messages in one
 transaction (and gone together on rollback), delayed delivery, a batch with
 ``enqueue_many``, keys that make a repeated enqueue harmless, a task of
 Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend,
-and shipments whose rows are their own queue messages (``QueueFields``).
+shipments whose rows are their own queue messages (``QueueFields``), each
+order's events in an ordered group, and a rate-limited emails queue.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from django_delayq import EnqueueResult, enqueue, enqueue_many
+from django_delayq.flow import parse_rate
 from django_delayq.models import Message
+from orders.handlers import PAYMENT_CHECK_DELAY, PAYMENT_CHECK_TOTAL
 from orders.models import Order, Shipment
-from orders.services import place_order
+from orders.services import order_group, place_order
 from orders.tasks import send_receipt
 
 CUSTOMERS = [
@@ -49,6 +53,21 @@ class Command(BaseCommand):
                 f"  order #{placed.order.pk:<3} {email:<22} {placed.order.total:>7}   "
                 f"{describe(placed.confirmation)}, {describe(placed.follow_up)}"
             )
+        out(
+            f"  Each order's events run in its ordered group ({order_group(1)}, ...): one at a "
+            "time, in order.\n"
+            "  Its order.shipped (enqueued when its shipment is booked) waits for its "
+            "order.placed; orders of\n"
+            f"  {PAYMENT_CHECK_TOTAL} or more wait {PAYMENT_CHECK_DELAY} s for a payment check "
+            "(order.placed snoozes), and their order.shipped with them."
+        )
+        setting = settings.DELAYQ["QUEUES"]["emails"]["RATE_LIMIT"]
+        rate = parse_rate(setting)
+        out(
+            f"The emails queue has RATE_LIMIT {setting!r} (settings.py): at most {rate.count} "
+            f"emails start in any {rate.period.total_seconds():g} s,\nacross every worker; "
+            "the others wait, due, with no attempt spent."
+        )
 
         out("Placing an order whose transaction then fails:")
         try:
@@ -95,6 +114,7 @@ class Command(BaseCommand):
             {"order_id": first.pk, "email": first.customer_email, "total": str(first.total)},
             key=f"confirm-{first.pk}",
             kind="order.placed",
+            group=order_group(first.pk),
         )
         out(
             f"confirm-{first.pk} enqueued again: {result.outcome.value} "
@@ -128,6 +148,8 @@ def describe(result: EnqueueResult) -> str:
     """``orders/confirm-1 created`` (plus the delay for a future message)."""
     message = result.message
     text = f"{message.queue}/{message.key} {result.outcome.value}"
+    if message.group:
+        text += f" [group {message.group}]"
     delay = (message.next_attempt_time - message.created_at).total_seconds()
     if delay >= 0.5:
         text += f" (due in {delay:.0f} s)"
