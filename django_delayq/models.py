@@ -281,8 +281,8 @@ class FlowState(models.Model):
 class FlowStart(models.Model):
     """A start counted by a rate limit: the log of its sliding window.
 
-    Rows older than the limit's period are deleted by the next claim of the
-    same scope; at most the limit's count of them exists at any time.
+    Rows older than two periods (and a minute) are deleted by a later claim
+    of the same scope, at most once per period in each worker process.
     """
 
     flow = models.ForeignKey(FlowState, on_delete=models.CASCADE, db_index=False)
