@@ -15,6 +15,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
+from django.db import connection  # noqa: F401 - the skipif condition names it
 
 from django_delayq import enqueue_many
 from django_delayq.models import Message
