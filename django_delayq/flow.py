@@ -133,3 +133,12 @@ def failure_blocks(queue: str) -> bool:
     from django_delayq.conf import get_config
 
     return get_config()["QUEUES"].get(queue, {}).get("GROUP_AFTER_FAILURE", "block") != "continue"
+
+
+def continuing_queues() -> list[str]:
+    """The queues whose failed messages let the rest of their group go on
+    (``GROUP_AFTER_FAILURE: "continue"``); every other queue blocks on failure."""
+    from django_delayq.conf import get_config
+
+    queues = get_config()["QUEUES"]
+    return sorted(q for q in queues if not failure_blocks(q))

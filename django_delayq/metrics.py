@@ -17,6 +17,15 @@ any metric a project's handlers define are exposed beside them:
   message has waited. Both are sampled every ``METRICS_INTERVAL`` by one
   grouped query over the active rows (the claim index), and are the same
   for every worker of a queue: aggregate them with ``max``.
+* ``delayq_throttled{queue, kind}``: 1 while due messages wait because a
+  global limit is reached (the rate's window is full or the cap's running
+  messages are at the cap), for the queue's own limits (``kind=""``, 0 for a
+  queue without) and for each limited kind; ``delayq_group_held_messages{queue}``:
+  messages waiting behind an earlier message of their group;
+  ``delayq_blocked_groups{queue}``: groups whose first message is failing
+  (waiting for a retry, or failed where that blocks the group). Sampled with
+  depth and lag (``flowstats.flow_stats``), the same for every worker of a
+  queue.
 * ``delayq_worker_up``: 1 while the worker runs;
   ``delayq_worker_last_loop_timestamp_seconds``: when its claim loop last
   turned (at least once per ``POLL_INTERVAL``), to alert on a stuck worker;
@@ -39,6 +48,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import clock
+from django_delayq.flowstats import QueueFlow, flow_stats
 from django_delayq.models import Message
 
 logger = logging.getLogger("django_delayq.metrics")
@@ -86,6 +96,22 @@ def _define() -> dict[str, Any]:
             lag=Gauge(
                 "delayq_queue_lag_seconds",
                 "Age of the oldest due message of the queue, sampled.",
+                ["queue"],
+            ),
+            throttled=Gauge(
+                "delayq_throttled",
+                "1 while due messages wait for a rate limit or concurrency cap, by queue "
+                "and limited kind (empty: the queue's own limits), sampled.",
+                ["queue", "kind"],
+            ),
+            group_held=Gauge(
+                "delayq_group_held_messages",
+                "Messages waiting behind an earlier message of their group, sampled.",
+                ["queue"],
+            ),
+            blocked_groups=Gauge(
+                "delayq_blocked_groups",
+                "Groups whose first message is failing (waiting for a retry, or failed), sampled.",
                 ["queue"],
             ),
             up=Gauge("delayq_worker_up", "1 while this worker runs."),
@@ -164,7 +190,8 @@ class WorkerMetrics:
     # -- depth and lag ------------------------------------------------------------
 
     def sample(self) -> None:
-        """Read depth and lag of this worker's queues: one grouped query on active rows."""
+        """Read depth and lag of this worker's queues (one grouped query on active
+        rows), then their flow control."""
         now = clock.now()
         rows = {
             queue: {
@@ -185,6 +212,19 @@ class WorkerMetrics:
             oldest = row.get("oldest_due")
             lag = (now - oldest).total_seconds() if oldest is not None else 0.0
             self._m["lag"].labels(queue).set(max(0.0, lag))
+        self.sample_flow()
+
+    def sample_flow(self) -> None:
+        """Throttled limits, held messages and blocked groups of this worker's queues."""
+        flows = {flow.queue: flow for flow in flow_stats(self.queues, using=self.using)}
+        for queue in self.queues:
+            flow = flows.get(queue) or QueueFlow(queue)
+            throttled = {s.kind: s.throttled for s in flow.scopes}
+            throttled.setdefault("", False)
+            for kind, value in throttled.items():
+                self._m["throttled"].labels(queue, kind).set(1 if value else 0)
+            self._m["group_held"].labels(queue).set(flow.held)
+            self._m["blocked_groups"].labels(queue).set(flow.blocked)
 
     def _sample_loop(self) -> None:
         try:

@@ -3,9 +3,9 @@
 Search syntax (terms are separated by spaces and combined with AND):
 
 ``word``
-    matches the message key (exactly or as a prefix), its kind, its queue or
-    its last error (case-insensitive, anywhere); a whole number also matches
-    the message id. Quote a phrase to keep its spaces: ``"connection refused"``.
+    matches the message key or its group (exactly or as a prefix), its kind,
+    its queue or its last error (case-insensitive, anywhere); a whole number
+    also matches the message id. Quote a phrase to keep its spaces: ``"connection refused"``.
 ``path=value``
     matches a payload field. ``companyId=3345`` is ``payload["companyId"] ==
     3345``; dots go down into objects: ``customer.id=7``; a number in the
@@ -170,6 +170,7 @@ _QUEUE_CI = "_delayq_queue_ci"
 def word_condition(word: str, queue_field: str = "queue") -> Q:
     condition = (
         Q(key__startswith=word)
+        | Q(group__startswith=word)
         | Q(kind__icontains=word)
         | Q(**{f"{queue_field}__icontains": word})
         | Q(last_error__icontains=word)

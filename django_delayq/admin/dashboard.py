@@ -1,7 +1,8 @@
-"""The admin dashboard: per-queue figures, a throughput chart, pausing queues.
+"""The admin dashboard: per-queue figures, flow control, a throughput chart, pausing queues.
 
 Thin by design: the figures come from :func:`django_delayq.stats.dashboard`
-(indexed queries only, no count of the whole table), pausing from
+and :func:`django_delayq.flowstats.flow_stats` (indexed queries only, no
+count of the whole table), pausing from
 ``django_delayq.queues``; this module checks permissions, builds the links
 to the filtered changelist and draws the chart as inline SVG (no script, no
 CDN: the admin works offline). Its pages join ``MessageAdmin.get_urls()``
@@ -27,7 +28,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 from django.views.decorators.http import require_POST
 
-from django_delayq import stats
+from django_delayq import flowstats, stats
 from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS, span
 from django_delayq.queues import pause_queue, queue_states, resume_queue
 
@@ -100,6 +101,48 @@ def _row(model_admin: ModelAdmin[Any], figures: stats.QueueFigures) -> dict[str,
         "lag": span(figures.lag),
         "failure_rate": "–" if rate is None else f"{rate:.1%}",
         "queue_url": changelist_url(model_admin, {"queue": figures.queue or None}),
+    }
+
+
+# -- flow control ---------------------------------------------------------------------
+
+
+def _flow_row(
+    model_admin: ModelAdmin[Any], flow: flowstats.QueueFlow, now: datetime
+) -> dict[str, Any]:
+    """A queue's limits, how close it is to them, its held messages and blocked groups,
+    each with a link to the messages concerned."""
+    queue = {"queue": flow.queue}
+    due = {"status__in": "pending,running", "next_attempt_time__lte": now}
+    scopes = [
+        {
+            "kind": s.kind,
+            "label": _("kind %(kind)s") % {"kind": s.kind} if s.kind else _("whole queue"),
+            "limits": s.limits_text,
+            "window": s.window_text,
+            "running": s.running_text,
+            "window_full": s.window_full,
+            "at_cap": s.at_cap,
+            "throttled": s.throttled,
+            "due_url": changelist_url(
+                model_admin, {**queue, **({"kind": s.kind} if s.kind else {}), **due}
+            ),
+        }
+        for s in flow.scopes
+    ]
+    return {
+        "queue": flow.queue,
+        "flow": flow,
+        "queue_url": changelist_url(model_admin, queue),
+        "scopes": scopes or [{"kind": "", "label": "", "limits": ""}],
+        "span": max(1, len(scopes)),
+        "held_url": changelist_url(model_admin, {**queue, "group_state": "held"}),
+        "blocked_url": changelist_url(model_admin, {**queue, "group_state": "blocked"}),
+        "blocked_groups": [
+            (name, changelist_url(model_admin, {**queue, "group": name}))
+            for name in flow.blocked_groups
+        ],
+        "more_blocked": flow.blocked - len(flow.blocked_groups),
     }
 
 
@@ -209,10 +252,13 @@ def dashboard_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> Templa
         raise PermissionDenied
     data = stats.dashboard()
     states = queue_states()
+    flows = flowstats.flow_stats([figures.queue for figures in data.queues])
+    throttled = {flow.queue for flow in flows if flow.throttled}
     rows = [_row(model_admin, figures) for figures in data.queues]
     for row in rows:
         state = states.get(row["queue"])
         row["state"] = state if state is not None and state.paused else None
+        row["throttled"] = row["queue"] in throttled
     context = {
         **model_admin.admin_site.each_context(request),
         "title": _("Queue dashboard"),
@@ -220,6 +266,7 @@ def dashboard_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> Templa
         "dashboard": data,
         "rows": rows,
         "totals": _row(model_admin, data.totals),
+        "flow_rows": [_flow_row(model_admin, flow, data.now) for flow in flows],
         "chart": throughput_svg(data.throughput),
         "can_change": model_admin.has_change_permission(request),
         "changelist_url": admin_url(model_admin, "changelist"),

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
@@ -42,6 +43,7 @@ from django.utils.translation import gettext_lazy
 from django_delayq import clock, durations, operations, search
 from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
+from django_delayq.flow import continuing_queues
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.payload import check_payload
 from django_delayq.registry import max_attempts_of, registry
@@ -112,11 +114,17 @@ def span(delta: timedelta) -> str:
     return durations.human(delta.total_seconds(), durations.LIST, whole=True)
 
 
+def waits_for_group(message: Message) -> bool:
+    """Held behind an earlier message of its group: pending, no due time, a group."""
+    return message.status == S.PENDING and message.next_attempt_time is None and bool(message.group)
+
+
 def describe_due(message: Message, now: datetime | None = None) -> str:
-    """``in 5 min``, ``overdue 2 h``, ``lease ends in 40 s``...; empty when nothing is due."""
+    """``in 5 min``, ``overdue 2 h``, ``lease ends in 40 s``, ``waiting for its group``...;
+    empty when nothing is due."""
     when = message.next_attempt_time
     if when is None:
-        return ""
+        return _("waiting for its group") if waits_for_group(message) else ""
     delta = when - (now or clock.now())
     if message.status == S.RUNNING:
         if delta > timedelta(0):
@@ -322,6 +330,58 @@ class RedeliveredFilter(admin.SimpleListFilter):
         return queryset
 
 
+class GroupFilter(admin.SimpleListFilter):
+    """Messages of one group (``?group=order-42``): a text box, as groups are too
+    many to list. With ``?queue=`` it is one group's messages, in their order."""
+
+    title = gettext_lazy("group")
+    parameter_name = "group"
+    template = "admin/django_delayq/message/text_filter.html"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return []
+
+    def has_output(self) -> bool:
+        return True
+
+    def choices(self, changelist: Any) -> Any:
+        # The other parameters go along as hidden fields (as the search box's do).
+        name = str(self.parameter_name)
+        yield {
+            "name": name,
+            "value": self.value() or "",
+            "hidden": [(k, v) for k, v in changelist.params.items() if k != name],
+            "clear_url": changelist.get_query_string(remove=[name]),
+            "selected": self.value() is None,
+        }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        value = self.value()
+        return queryset.filter(group=value) if value else queryset
+
+
+class GroupStateFilter(admin.SimpleListFilter):
+    """Ordered groups: the first message of each blocked group (failing: waiting for
+    a retry, or failed where that blocks the group), or the messages held behind
+    an earlier one of their group."""
+
+    title = gettext_lazy("ordered groups")
+    parameter_name = "group_state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("blocked", _("Blocked groups (their first message)")),
+            ("held", _("Waiting for their group")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        if self.value() == "blocked":
+            return queryset.blocked_group_heads(continuing_queues())  # type: ignore[attr-defined, no-any-return]
+        if self.value() == "held":
+            return queryset.waiting_for_group()  # type: ignore[attr-defined, no-any-return]
+        return queryset
+
+
 # -- the change form -------------------------------------------------------------------
 
 
@@ -368,7 +428,7 @@ class MessageForm(forms.ModelForm):
 
 
 SEARCH_HELP = mark_safe(  # noqa: S308 - a constant
-    "Words match the key (exact or prefix), kind, queue, error text or id; "
+    "Words match the key or group (exact or prefix), kind, queue, error text or id; "
     '<code>"connection refused"</code> keeps the spaces. '
     "<code>field=value</code> matches a payload field: <code>companyId=3345</code>, "
     "nested <code>customer.id=7</code>, list items <code>items.0.sku=A1</code>. "
@@ -398,6 +458,7 @@ class MessageAdmin(admin.ModelAdmin):
         "queue",
         "key",
         "kind",
+        "group_display",
         "status_display",
         "priority",
         "next_attempt",
@@ -410,13 +471,15 @@ class MessageAdmin(admin.ModelAdmin):
         "status",
         QueueFilter,
         KindFilter,
+        GroupFilter,
+        GroupStateFilter,
         RetryingFilter,
         OverdueFilter,
         RedeliveredFilter,
     )
     # The search box appears because search_fields is set; get_search_results
     # implements the syntax of django_delayq.search instead of Django's.
-    search_fields = ("key", "kind", "queue", "last_error")
+    search_fields = ("key", "kind", "group", "queue", "last_error")
     search_help_text = SEARCH_HELP
     date_hierarchy = "created_at"
     ordering = ("-id",)
@@ -428,7 +491,20 @@ class MessageAdmin(admin.ModelAdmin):
     paginator = MessagePaginator
     actions = actions.ACTIONS
     fieldsets = (
-        (None, {"fields": ("queue", "key", "kind", "status_display", "priority", "max_attempts")}),
+        (
+            None,
+            {
+                "fields": (
+                    "queue",
+                    "key",
+                    "kind",
+                    "group",
+                    "status_display",
+                    "priority",
+                    "max_attempts",
+                )
+            },
+        ),
         (gettext_lazy("Payload"), {"fields": ("payload",)}),
         (gettext_lazy("Timeline"), {"fields": TIMELINE}),
         (gettext_lazy("Worker"), {"fields": ("lock_display",)}),
@@ -439,6 +515,7 @@ class MessageAdmin(admin.ModelAdmin):
     readonly_fields = (
         "queue",
         "key",
+        "group",
         "status_display",
         *TIMELINE,
         "lock_display",
@@ -456,9 +533,20 @@ class MessageAdmin(admin.ModelAdmin):
     def status_display(self, obj: Message) -> SafeString:
         return status_badge(obj)
 
+    @admin.display(description=gettext_lazy("group"))
+    def group_display(self, obj: Message) -> SafeString | str:
+        """The group, linking to its messages (``?queue=...&group=...``)."""
+        if not obj.group:
+            return ""
+        query = urlencode({"queue": obj.queue, "group": obj.group})
+        return format_html('<a href="?{}">{}</a>', query, obj.group)
+
     @admin.display(description=gettext_lazy("next attempt"), ordering="next_attempt_time")
     def next_attempt(self, obj: Message) -> SafeString | str:
         text = describe_due(obj)
+        if waits_for_group(obj):
+            scheduled = local_time(obj.scheduled_time)
+            return format_html('<span class="dq-held" title="{}">{}</span>', scheduled, text)
         if not text or obj.next_attempt_time is None:
             return self.get_empty_value_display()
         when = local_time(obj.next_attempt_time)
@@ -489,6 +577,13 @@ class MessageAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("next attempt"))
     def due_display(self, obj: Message) -> SafeString | str:
+        if waits_for_group(obj):
+            return format_html(
+                '<span class="dq-held">{}</span> ({})',
+                describe_due(obj),
+                _("after the earlier messages of its group, not before %(time)s")
+                % {"time": local_time(obj.scheduled_time)},
+            )
         if obj.next_attempt_time is None:
             return self.get_empty_value_display()
         when = local_time(obj.next_attempt_time)

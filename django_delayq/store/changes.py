@@ -376,7 +376,12 @@ def _blockers(queues: Collection[str]) -> Q:
 
 
 def _of_its_group(model: type[Model]) -> QuerySet[Any]:
-    return model._base_manager.filter(queue=OuterRef("queue"), group=OuterRef("group"))
+    # "group <> ''" is implied for a grouped row, but the probe must say it for
+    # PostgreSQL to use the partial delayq_group_idx: without it, each probe
+    # read the primary key's range below the row (every older message).
+    return model._base_manager.exclude(group="").filter(
+        queue=OuterRef("queue"), group=OuterRef("group")
+    )
 
 
 def group_clear(model: type[Model], queues: Collection[str], now: Expression | datetime) -> Q:

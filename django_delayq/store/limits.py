@@ -175,3 +175,24 @@ def _running(alias: str, scope: Scope) -> int:
     if scope.kind:
         rows = rows.filter(kind=scope.kind)
     return rows.count()
+
+
+def starts_in_window(scope: Scope, *, using: str | None = None) -> int:
+    """How many starts the scope's rate window holds now (the database's clock).
+
+    For reading (the admin, ``delayq_status``, metrics): it locks, prunes and
+    creates nothing. ``delayq_flowstart_idx`` answers: the scope's range of
+    starts newer than one period ago (at most the rate's count of them).
+    """
+    if scope.rate is None:
+        return 0
+    alias = using or router.db_for_read(FlowStart)
+    return (
+        FlowStart.objects.using(alias)
+        .filter(
+            flow__queue=scope.queue,
+            flow__kind=scope.kind,
+            started_at__gt=clock.sql_now_plus(-scope.rate.period),
+        )
+        .count()
+    )

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
 from django.db import connections, models, router
-from django.db.models import Count, Expression, Max, Min, Q
+from django.db.models import Count, Exists, Expression, Max, Min, OuterRef, Q
 from django.db.models.functions import TruncMinute
 
 from django_delayq import clock
@@ -249,6 +249,48 @@ class MessageQuerySet(QueueQuerySet[Any]):
                 sample_id=Max("id"),
             )
         )
+
+    # -- ordered groups ---------------------------------------------------------
+
+    def waiting_for_group(self) -> Self:
+        """Messages held behind an earlier message of their group: pending, with no
+        due time (it stays in ``scheduled_time``), and a group.
+
+        ``delayq_group_idx`` answers per queue: its range of the queue's grouped
+        pending rows (the held ones, and the first of each group), each checked
+        for its due time. The cost follows the held messages, not the table.
+        """
+        return self.filter(status=Status.PENDING, next_attempt_time__isnull=True).exclude(group="")
+
+    def blocked_group_heads(self, continuing: Collection[str] = ()) -> Self:
+        """The first message of each *blocked* group: one that is failing.
+
+        A group's first message is its lowest id among the pending, running and
+        failed ones (failed only where failures block: every queue but those of
+        ``continuing``, ``GROUP_AFTER_FAILURE: "continue"``). Its group is blocked
+        while it waits for a retry after an error (pending, attempted, with an
+        error fingerprint) or has failed (where that blocks).
+
+        ``delayq_group_idx`` answers: the grouped pending and failed rows of the
+        queue, and for each failing one a probe of its group's range for an
+        earlier message that would come first. The cost follows the failing
+        grouped messages, not the table.
+        """
+        failed = Q(status=Status.FAILED)
+        # The probe names the index's own condition (a grouped row of one of its
+        # statuses), so that PostgreSQL may use the partial index for it.
+        earlier = self.model._base_manager.filter(
+            ~Q(group=""),
+            status__in=[*ACTIVE, Status.FAILED],
+            queue=OuterRef("queue"),
+            group=OuterRef("group"),
+            pk__lt=OuterRef("pk"),
+        )
+        if continuing:
+            failed &= ~Q(queue__in=sorted(continuing))
+            earlier = earlier.exclude(status=Status.FAILED, queue__in=sorted(continuing))
+        retrying = Q(status=Status.PENDING, attempt_count__gt=0) & ~Q(error_fingerprint="")
+        return self.exclude(group="").filter(retrying | failed).filter(~Exists(earlier))
 
     def created_bounds(self) -> tuple[datetime, datetime] | None:
         """``created_at`` of the oldest and the newest row, read off the primary key.

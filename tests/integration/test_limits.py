@@ -15,7 +15,7 @@ from django_delayq.flow import Scope, limits_of, parse_rate
 from django_delayq.models import FlowStart, Message
 from django_delayq.registry import registry
 from django_delayq.store import changes
-from django_delayq.store.limits import claim_limited
+from django_delayq.store.limits import claim_limited, starts_in_window
 from django_delayq.worker import make_lanes
 from tests.conftest import FakeClock
 
@@ -57,6 +57,21 @@ def test_the_window_slides_rather_than_resetting(fake_clock: FakeClock):
     got = claim([rate])
     assert len(got.claim.messages) == 2
     assert got.retry_at == fake_clock() - timedelta(seconds=0.6) + timedelta(seconds=1)
+
+
+def test_starts_in_window_reads_the_window_and_changes_nothing(fake_clock: FakeClock):
+    enqueue_many("default", [{}] * 5)
+    rate = Scope("default", rate=parse_rate("3/s"))
+    assert starts_in_window(rate) == 0  # never claimed: no flow row yet
+    assert len(claim([rate]).claim.messages) == 3
+    assert starts_in_window(rate) == 3
+    fake_clock.advance(0.5)
+    assert starts_in_window(rate) == 3
+    fake_clock.advance(0.6)
+    assert starts_in_window(rate) == 0
+    assert FlowStart.objects.count() == 3  # nothing pruned by reading
+    assert starts_in_window(Scope("default", cap=3)) == 0  # no rate: no window
+    assert starts_in_window(Scope("default", "a-kind", rate=rate.rate)) == 0  # another scope
 
 
 def test_a_claim_that_finds_fewer_than_the_room_is_not_held_back():

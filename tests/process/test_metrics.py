@@ -95,6 +95,10 @@ def test_worker_serves_counters_histogram_depth_lag_and_liveness(spawn_worker):
     assert value(samples, "delayq_queue_depth", queue="default", state="scheduled") == 2
     lag = value(samples, "delayq_queue_lag_seconds", queue="slow")
     assert lag is not None and lag >= 3600
+    # Flow control, for every queue of the worker (0: none of its limits hold it back).
+    assert value(samples, "delayq_throttled", queue="default", kind="") == 0
+    assert value(samples, "delayq_group_held_messages", queue="slow") == 0
+    assert value(samples, "delayq_blocked_groups", queue="other") == 0
     assert value(samples, "delayq_worker_up") == 1
     last_loop = value(samples, "delayq_worker_last_loop_timestamp_seconds")
     assert last_loop is not None and last_loop >= started

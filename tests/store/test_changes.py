@@ -1176,6 +1176,28 @@ def test_group_clear_lets_a_failed_message_block_or_not(settings: Any) -> None:
     assert later in set(clear.values_list("pk", flat=True))
 
 
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'",
+    reason="the planner's use of a partial index for a bound condition: PostgreSQL's",
+)
+def test_group_clear_probes_the_group_index(fake_clock: FakeClock) -> None:
+    for _ in range(3):
+        MESSAGE.add(group="g")
+    clear = (
+        Message.objects.filter(queue="q")
+        .due()
+        .filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # the table is small
+    plan = str(clear.explain())
+    # Both probes (an earlier message that comes first, one of the group that
+    # runs); without the index's own condition, PostgreSQL read the primary
+    # key's range below each candidate (every older message) instead.
+    assert plan.count("delayq_group_idx") == 2, plan
+    assert "pkey" not in plan, plan
+
+
 def test_hold_back_holds_what_an_earlier_message_of_its_group_holds_back() -> None:
     head = MESSAGE.add(group="g")
     done = MESSAGE.add(group="h", status="succeeded", due=None)

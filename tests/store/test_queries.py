@@ -248,6 +248,72 @@ def test_ticks_are_the_active_rows_of_the_queues_whose_key_starts_with_the_prefi
     assert set(found.values_list("pk", flat=True)) == wanted
 
 
+# -- ordered groups ---------------------------------------------------------------------
+
+
+def group_rows() -> dict[str, Any]:
+    """Groups of queue "a" in every state a group's first message can be in."""
+    table = Table(Message)
+    retry = {"attempt_count": 1, "error_fingerprint": FP1, "last_error": "x", "due": t(60)}
+    return {
+        "free": table.add(queue="a"),
+        "free_held": table.add(queue="a", due=None),  # no group: not held by one
+        # g1: the first waits for a retry after an error; the others are held.
+        "g1_head": table.add(queue="a", group="g1", **retry),
+        "g1_held": table.add(queue="a", group="g1", due=None),
+        # g2: the first runs; the second is held.
+        "g2_head": table.add(
+            queue="a", group="g2", status="running", due=t(30), lock_token=uuid.uuid4()
+        ),
+        "g2_held": table.add(queue="a", group="g2", due=None),
+        # g3: the first failed; the second waits for it (where failures block).
+        "g3_head": table.add(queue="a", group="g3", status="failed", due=None, attempt_count=3),
+        "g3_held": table.add(queue="a", group="g3", due=None),
+        # g4: done with its first; the second was snoozed (attempted, no error).
+        "g4_done": table.add(queue="a", group="g4", status="succeeded", due=None),
+        "g4_snoozed": table.add(queue="a", group="g4", attempt_count=1, due=t(60)),
+        # g5: an earlier message comes first, then one waiting for its retry.
+        "g5_head": table.add(queue="a", group="g5"),
+        "g5_retrying": table.add(queue="a", group="g5", **retry),
+        # The same group name in another queue is another group.
+        "b_g1_head": table.add(queue="b", group="g1", **retry),
+    }
+
+
+def test_waiting_for_group_is_pending_without_a_due_time_in_a_group(now: datetime) -> None:
+    rows = group_rows()
+    assert names(rows, Message.objects.waiting_for_group()) == {"g1_held", "g2_held", "g3_held"}
+
+
+def test_blocked_group_heads_are_the_first_messages_that_are_failing(now: datetime) -> None:
+    rows = group_rows()
+    heads = Message.objects.blocked_group_heads()
+    assert names(rows, heads) == {"g1_head", "g3_head", "b_g1_head"}
+    assert names(rows, heads.in_queues(["a"])) == {"g1_head", "g3_head"}
+    # Where failed messages let their group go on, a failed first message blocks
+    # nothing, and does not come before the later ones either.
+    assert names(rows, Message.objects.blocked_group_heads(["a"])) == {"g1_head", "b_g1_head"}
+    Table(Message).set(rows["g5_head"], status="failed", next_attempt_time=None)
+    assert "g5_retrying" in names(rows, Message.objects.blocked_group_heads(["a"]))
+    assert "g5_retrying" not in names(rows, Message.objects.blocked_group_heads())
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'",
+    reason="the planner's use of a partial index for a bound condition: PostgreSQL's",
+)
+def test_the_probe_for_an_earlier_message_of_the_group_uses_the_group_index(
+    now: datetime,
+) -> None:
+    group_rows()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # the table is small
+    plan = str(Message.objects.blocked_group_heads().explain())
+    # Without the index's own condition in the probe, PostgreSQL read the
+    # primary key's range below each failing message instead.
+    assert "delayq_group_idx" in plan, plan
+
+
 # -- per-queue figures ----------------------------------------------------------------------
 
 

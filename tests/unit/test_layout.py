@@ -34,6 +34,7 @@ ABOVE = (
     "django_delayq.management",
     "django_delayq.triage",
     "django_delayq.stats",
+    "django_delayq.flowstats",
 )
 
 

@@ -1,4 +1,4 @@
-"""``manage.py delayq_status``: per-queue counts and lag, then the workers."""
+"""``manage.py delayq_status``: per-queue counts and lag, flow control, then the workers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_delayq import durations
+from django_delayq.flowstats import QueueFlow, ScopeFlow, flow_stats
 from django_delayq.liveness import held_by, workers
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
@@ -34,10 +35,33 @@ NO_HANDLER_NOTE = (
     "run_delayq here leaves its messages waiting"
 )
 
+# Flow control, for the queues above that have global limits or ordered groups
+# in use: a row per queue ("-": no limit of its own) and one per limited kind
+# ("queue/kind"). "started": starts in the rate's current window; "running":
+# live leases, against the cap; "throttled": due messages wait for the limits;
+# "held": messages waiting behind an earlier one of their group; "blocked":
+# groups whose first message is failing (named below the table).
+FLOW_COLUMNS = ("flow", "rate", "started", "cap", "running", "throttled", "held", "blocked")
+
 # A worker is dead when its heartbeat is older than DELAYQ["WORKER_DEAD_AFTER"];
 # "running" counts the messages it holds (a dead worker's are handed back by
 # the live ones within a heartbeat).
 WORKER_COLUMNS = ("worker", "state", "queues", "threads", "running", "last seen")
+
+
+def _limit_cells(flow: ScopeFlow | None) -> tuple[str, str, str, str, str]:
+    """rate, started, cap, running, throttled ("-": no such limit)."""
+    if flow is None:
+        return ("-", "-", "-", "-", "no")
+    rate = flow.scope.rate
+    cap = flow.scope.cap
+    return (
+        str(rate) if rate else "-",
+        str(flow.started) if rate else "-",
+        str(cap) if cap else "-",
+        str(flow.running) if cap else "-",
+        "yes" if flow.throttled else "no",
+    )
 
 
 def human(delta: timedelta) -> str:
@@ -47,8 +71,10 @@ def human(delta: timedelta) -> str:
 class Command(BaseCommand):
     help = (
         "Print per-queue message counts, the age of the oldest due message (lag), "
-        "whether the queue is paused and whether a handler of this project consumes it; "
-        "then every worker, live, dead or stopped."
+        "whether the queue is paused or throttled and whether a handler of this project "
+        "consumes it; then the queues' rate limits and concurrency caps and how close they "
+        "are to them, the messages waiting for their group and the blocked groups; then "
+        "every worker, live, dead or stopped."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -59,9 +85,14 @@ class Command(BaseCommand):
         stats = queue_stats(options["queues"], using=options["database"])
         paused = paused_queues(options["queues"], using=options["database"])
         handled = set(registry.queues())
+        names = {s.queue for s in stats} | paused
+        flows = flow_stats(names, using=options["database"]) if names else []
+        throttled = {flow.queue for flow in flows if flow.throttled}
 
         def state(queue: str) -> str:
             text = "paused" if queue in paused else "active"
+            if queue in throttled:
+                text += ", throttled"
             return text if queue in handled else f"{text}, {NO_HANDLER}"
 
         rows = [
@@ -88,7 +119,24 @@ class Command(BaseCommand):
             self._table(COLUMNS, rows)
             if any(row[-1].endswith(NO_HANDLER) for row in rows):
                 self.stdout.write(NO_HANDLER_NOTE)
+        self._flows(flows)
         self._workers(options["database"])
+
+    def _flows(self, flows: list[QueueFlow]) -> None:
+        if not flows:
+            return
+        rows: list[tuple[object, ...]] = []
+        for flow in flows:
+            own = next((s for s in flow.scopes if not s.kind), None)
+            rows.append((flow.queue, *_limit_cells(own), flow.held, flow.blocked))
+            rows += [(s.scope.name, *_limit_cells(s), "", "") for s in flow.scopes if s.kind]
+        self.stdout.write("")
+        self._table(FLOW_COLUMNS, rows)
+        for flow in flows:
+            if flow.blocked_groups:
+                more = flow.blocked - len(flow.blocked_groups)
+                names = ", ".join(flow.blocked_groups) + (f" and {more} more" if more else "")
+                self.stdout.write(f"blocked groups of {flow.queue}: {names}")
 
     def _workers(self, using: str | None) -> None:
         known = workers(using)
@@ -119,7 +167,7 @@ class Command(BaseCommand):
                 "  ".join(
                     c.ljust(w) if i == 0 else c.rjust(w)
                     for i, (c, w) in enumerate(zip(row, widths, strict=True))
-                )
+                ).rstrip()
             )
             if n == 0:
                 self.stdout.write("  ".join("-" * w for w in widths))
