@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH, Message
 from django_delayq.store.features import SQLITE_RETURNING, features
 from django_delayq.store.sql import statement
@@ -72,7 +73,7 @@ def version_problem(connection: BaseDatabaseWrapper) -> Problem | None:
 
 
 def column_collations(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    """The collation of the queue table's ``queue`` and ``key`` columns (MariaDB/MySQL)."""
+    """The collation of the queue table's ``queue``, ``key`` and group columns (MariaDB/MySQL)."""
     with connection.cursor() as cursor:
         cursor.execute(
             statement("column_collations", features(connection)), [Message._meta.db_table]
@@ -108,14 +109,16 @@ def binary_collation(connection: BaseDatabaseWrapper) -> str:
 
 
 def binary_columns_sql(connection: BaseDatabaseWrapper) -> str:
-    """The ``ALTER TABLE`` giving ``queue`` and ``key`` the binary collation."""
+    """The ``ALTER TABLE`` giving ``queue``, ``key`` and the group the binary collation."""
     qn = connection.ops.quote_name
     return statement("binary_columns", features(connection)).format(
         table=qn(Message._meta.db_table),
         queue=qn("queue"),
         key=qn("key"),
+        group=qn(str(Message._meta.get_field("group").column)),
         queue_length=QUEUE_MAX_LENGTH,
         key_length=KEY_MAX_LENGTH,
+        group_length=GROUP_MAX_LENGTH,
         collation=binary_collation(connection),
     )
 

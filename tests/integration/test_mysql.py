@@ -255,3 +255,13 @@ def test_the_share_locked_read_is_compiled_for_its_own_alias(other_backend_alias
     assert other.ops.quote_name("key") in sql
     assert connection.ops.quote_name("key") not in sql
     assert sorted(params) == ["emails", "k1", "k2"]
+
+
+@pytest.mark.django_db
+def test_groups_that_differ_in_case_or_trailing_space_are_different_groups():
+    for key, group in [("a", "G"), ("b", "g"), ("c", "g ")]:
+        enqueue("default", {}, key=key, group=group)
+    # Three groups, each with one message: none is held behind another.
+    assert not Message.objects.filter(next_attempt_time=None).exists()
+    claimed = claim(["default"], 10, worker="w", lease=timedelta(minutes=1))
+    assert sorted(m.group for m in claimed.messages) == ["G", "g", "g "]

@@ -70,7 +70,15 @@ USES: dict[str, Use] = {
     # server.py
     "column_collations": use(lambda f: f.binary_text),
     "binary_columns": use(
-        lambda f: f.binary_text, "table", "queue", "key", "queue_length", "key_length", "collation"
+        lambda f: f.binary_text,
+        "table",
+        "queue",
+        "key",
+        "group",
+        "queue_length",
+        "key_length",
+        "group_length",
+        "collation",
     ),
     # write.py
     "json_rows": use(always, "key_length", "group_length"),

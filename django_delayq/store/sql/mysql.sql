@@ -29,14 +29,15 @@ JSON_TABLE(%s, '$[*]' COLUMNS (
 u.g
 
 -- name: column_collations
--- The collation of the queue table's queue and key columns.
+-- The collation of the queue table's queue, key and group columns.
 SELECT column_name, collation_name FROM information_schema.columns
-WHERE table_schema = DATABASE() AND table_name = %s AND column_name IN ('queue', 'key')
+WHERE table_schema = DATABASE() AND table_name = %s
+AND column_name IN ('queue', 'key', 'message_group')
 
 -- name: binary_columns
--- Give queue and key a byte-wise collation without padding: 'a', 'A' and 'a '
--- are three keys.
-ALTER TABLE {table} MODIFY {queue} varchar({queue_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, MODIFY {key} varchar({key_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL
+-- Give queue, key and group a byte-wise collation without padding: 'a', 'A'
+-- and 'a ' are three keys (and three groups).
+ALTER TABLE {table} MODIFY {queue} varchar({queue_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, MODIFY {key} varchar({key_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL, MODIFY {group} varchar({group_length}) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL DEFAULT ''
 
 -- name: row_estimate
 -- InnoDB's own estimate (sampled index pages, refreshed as the table changes).
