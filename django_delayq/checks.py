@@ -259,7 +259,7 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
     """
     from django.conf import settings
 
-    from django_delayq.registry import is_int_between
+    from django_delayq.values import is_int_between
 
     user = getattr(settings, "DELAYQ", {})
     if not isinstance(user, dict):

@@ -30,6 +30,7 @@ from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
 from django_delayq.store import write
 from django_delayq.store.write import Outcome
+from django_delayq.values import check_text
 
 OnConflict = Literal["ignore", "update", "error"]
 ON_CONFLICT_CHOICES = ("ignore", "update", "error")
@@ -48,15 +49,9 @@ class EnqueueResult:
 
 
 def _check_key(key: object, where: str = "") -> str:
-    # registry.check_text's checks and two more, written out: this runs once per message.
-    if not isinstance(key, str):
-        raise TypeError(f"{where}key must be a str, got {type(key).__name__}")
+    key = check_text(key, "key", KEY_MAX_LENGTH, where, nul=True)
     if not key:
         raise ValueError(f"{where}key must not be empty (pass None for a generated key)")
-    if len(key) > KEY_MAX_LENGTH:
-        raise ValueError(f"{where}key is {len(key)} characters, over {KEY_MAX_LENGTH}")
-    if "\x00" in key:
-        raise ValueError(f"{where}key contains a NUL character (\\x00)")
     return key
 
 
@@ -120,14 +115,14 @@ def enqueue(
     payload: Any = None,
     *,
     key: str | None = None,
+    group: str = "",
     kind: str = "",
+    priority: int = 0,
     run_at: datetime | None = None,
     delay: timedelta | int | float | None = None,
-    priority: int = 0,
     max_attempts: int | None = None,
     on_conflict: OnConflict = "ignore",
     using: str | None = None,
-    group: str = "",
 ) -> EnqueueResult:
     """Put one message on ``queue``, due at ``run_at`` / after ``delay`` / now.
 

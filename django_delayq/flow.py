@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from django_delayq.exceptions import DelayQError
+from django_delayq.values import check_text
 
 PERIODS = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
 RATE_RE = re.compile(r"(?P<count>[0-9]+)\s*/\s*(?P<period>[smh])")
@@ -82,13 +83,7 @@ def parse_cap(value: object, name: str = "global_concurrency") -> int:
 
 def check_group(group: object, where: str = "") -> str:
     """A group name: a str of at most ``GROUP_MAX_LENGTH`` characters, no NUL ("": none)."""
-    if not isinstance(group, str):
-        raise TypeError(f"{where}group must be a str, got {type(group).__name__}")
-    if len(group) > GROUP_MAX_LENGTH:
-        raise ValueError(f"{where}group is {len(group)} characters, over {GROUP_MAX_LENGTH}")
-    if "\x00" in group:
-        raise ValueError(f"{where}group contains a NUL character (\\x00)")
-    return group
+    return check_text(group, "group", GROUP_MAX_LENGTH, where, nul=True)
 
 
 @dataclass(frozen=True)

@@ -49,10 +49,10 @@ from django_delayq import clock
 from django_delayq.enqueuing import check_priority, resolve_run_at
 from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
-from django_delayq.registry import is_int_between
 from django_delayq.store import changes
 from django_delayq.store.queries import QueueQuerySet, categories
 from django_delayq.store.write import notify
+from django_delayq.values import is_int_between
 
 S = Message.Status
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -21,6 +21,7 @@ from django_delayq.exceptions import HandlerNotFound
 from django_delayq.flow import Rate, parse_cap, parse_rate
 from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
+from django_delayq.values import check_text, is_int_between
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -31,21 +32,6 @@ F = TypeVar("F", bound=HandlerFunc)
 
 # Matched whole (``fullmatch``): ``$`` would also match before a final newline.
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")
-
-
-def check_text(value: object, name: str, max_length: int, where: str = "") -> str:
-    """``value`` if it is a str of at most ``max_length`` characters, else a
-    ``TypeError`` or ``ValueError`` that names ``name`` (after ``where``)."""
-    if not isinstance(value, str):
-        raise TypeError(f"{where}{name} must be a str, got {type(value).__name__}")
-    if len(value) > max_length:
-        raise ValueError(f"{where}{name} is {len(value)} characters, over {max_length}")
-    return value
-
-
-def is_int_between(value: object, low: int, high: int) -> TypeGuard[int]:
-    """Whether ``value`` is an int (a bool is not) from ``low`` to ``high``."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def validate_queue_name(queue: object) -> str:
@@ -61,11 +47,7 @@ def validate_queue_name(queue: object) -> str:
 
 
 def validate_kind(kind: object) -> str:
-    kind = check_text(kind, "kind", KIND_MAX_LENGTH)
-    if "\x00" in kind:
-        # PostgreSQL's text cannot hold it; the other databases would store it.
-        raise ValueError(f"kind contains a NUL character (\\x00): {kind!r}")
-    return kind
+    return check_text(kind, "kind", KIND_MAX_LENGTH, nul=True)
 
 
 def validate_max_attempts(max_attempts: object) -> int | None:

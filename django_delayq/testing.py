@@ -38,11 +38,12 @@ uses; move time with ``advance`` instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from django.db import router
 from django.db.models import Min
@@ -52,6 +53,9 @@ from django_delayq import clock, signals
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = [
     "Attempt",
@@ -229,9 +233,9 @@ def _describe(queue: str | Iterable[str] | None, filters: dict[str, Any]) -> str
 def assert_enqueued(
     queue: str | Iterable[str] | None = None,
     *,
+    payload: Any = _ANY,
     key: str | None = None,
     kind: str | None = None,
-    payload: Any = _ANY,
     count: int | None = None,
     using: str | None = None,
 ) -> list[Message]:
@@ -256,13 +260,32 @@ def assert_enqueued(
 def assert_not_enqueued(
     queue: str | Iterable[str] | None = None,
     *,
-    key: str | None = None,
     kind: str | None = None,
     payload: Any = _ANY,
+    key: str | None = None,
     using: str | None = None,
 ) -> None:
     """Fail if any pending message matches."""
     assert_enqueued(queue, key=key, kind=kind, payload=payload, count=0, using=using)
+
+
+class _OnItsDatabase(Generic[P, R]):
+    """One of this module's functions as a method of :class:`DelayQ`: called on the
+    helper's database (its ``using``), with the same arguments otherwise."""
+
+    def __init__(self, function: Callable[P, R]) -> None:
+        self.function = function
+        self.__doc__ = f":func:`{function.__name__}` on this helper's database."
+
+    def __get__(self, helper: DelayQ | None, owner: type | None = None) -> Callable[P, R]:
+        if helper is None:
+            return self.function
+        bound: Callable[..., R] = self.function
+        return cast("Callable[P, R]", partial(bound, using=helper.using))
+
+
+def _on_its_database(function: Callable[P, R]) -> _OnItsDatabase[P, R]:
+    return _OnItsDatabase(function)
 
 
 class OffsetClock:
@@ -361,38 +384,9 @@ class DelayQ:
             if upcoming > now:
                 self.clock.advance(upcoming - now)
 
-    def enqueued(
-        self,
-        queue: str | Iterable[str] | None = None,
-        *,
-        key: str | None = None,
-        kind: str | None = None,
-        payload: Any = _ANY,
-    ) -> list[Message]:
-        """:func:`enqueued` on this helper's database."""
-        return enqueued(queue, key=key, kind=kind, payload=payload, using=self.using)
-
-    def assert_enqueued(
-        self,
-        queue: str | Iterable[str] | None = None,
-        *,
-        key: str | None = None,
-        kind: str | None = None,
-        payload: Any = _ANY,
-        count: int | None = None,
-    ) -> list[Message]:
-        """:func:`assert_enqueued` on this helper's database."""
-        return assert_enqueued(
-            queue, key=key, kind=kind, payload=payload, count=count, using=self.using
-        )
-
-    def assert_not_enqueued(
-        self,
-        queue: str | Iterable[str] | None = None,
-        *,
-        key: str | None = None,
-        kind: str | None = None,
-        payload: Any = _ANY,
-    ) -> None:
-        """:func:`assert_not_enqueued` on this helper's database."""
-        assert_not_enqueued(queue, key=key, kind=kind, payload=payload, using=self.using)
+    #: :func:`enqueued` on this helper's database.
+    enqueued = _on_its_database(enqueued)
+    #: :func:`assert_enqueued` on this helper's database.
+    assert_enqueued = _on_its_database(assert_enqueued)
+    #: :func:`assert_not_enqueued` on this helper's database.
+    assert_not_enqueued = _on_its_database(assert_not_enqueued)

@@ -33,7 +33,8 @@ from django_delayq import clock, durations
 from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
-from django_delayq.registry import is_int_between, validate_kind, validate_queue_name
+from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.values import is_int_between
 
 if TYPE_CHECKING:
     from django_delayq.models import Message

@@ -757,8 +757,8 @@ def extend(
     token: uuid.UUID,
     lease: timedelta,
     *,
-    using: str | None = None,
     model: type[Model] = Message,
+    using: str | None = None,
 ) -> set[Any]:
     """Push the lease of rows still held; returns the ids extended.
 

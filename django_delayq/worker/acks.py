@@ -47,18 +47,18 @@ class AckBuffer:
         self,
         using: str,
         *,
-        max_delay: float,
-        max_size: int = 500,
         on_lost: Callable[[Message], None] | None = None,
         on_group_done: Callable[[], None] | None = None,
+        max_delay: float,
+        max_size: int = 500,
     ) -> None:
         self.using = using
+        # Told of a success whose message was claimed again meanwhile, and
+        # after a batch that finished grouped messages (the next ones of
+        # their groups are due now).
+        self.on_lost, self.on_group_done = on_lost, on_group_done
         self.max_delay = max_delay
         self.max_size = max_size
-        self.on_lost = on_lost
-        # Called after a batch that finished grouped messages: the next ones
-        # of their groups are due now.
-        self.on_group_done = on_group_done
         self._items: list[tuple[Message, uuid.UUID, float]] = []
         self._first_at = 0.0
         self._cond = threading.Condition()
