@@ -23,6 +23,13 @@ inside delayq's (-32768..32767, higher runs first), so task messages and
 plain messages of one queue are ordered on one scale. A message reprioritised
 outside Django's range (from the admin) reads back clamped to it.
 
+Ordered groups: ``OPTIONS["GROUP_BY"] = {"shop.tasks.charge": "customer_id"}``
+puts each call of that task in the group named by that argument's value
+(``str(value)``; ``None`` or "" is no group), so the calls for one customer
+run one at a time, in the order they were enqueued; tasks not listed are
+ungrouped. The argument is read from the call as the function would bind
+it: passed by keyword or by position, or its default.
+
 Works with ``django.tasks`` (Django 6) and with the ``django-tasks`` backport
 (Django 5.2), whichever is importable, ``django.tasks`` first.
 
@@ -34,6 +41,7 @@ that names the backend without installing the app gets the check
 
 from __future__ import annotations
 
+import inspect
 import logging
 from contextvars import ContextVar
 from datetime import datetime
@@ -48,6 +56,7 @@ from django.db import router, transaction
 from django.utils.module_loading import import_string
 
 from django_delayq.exceptions import DelayQError, Retry
+from django_delayq.flow import check_group
 from django_delayq.payload import encode_payload
 
 # Django 6 ships the framework as django.tasks (the type checker reads it);
@@ -105,6 +114,9 @@ OPTION_DEFAULTS: dict[str, Any] = {
     # FAILED); more makes delayq retry it by the queue's RETRY_POLICY, and
     # None takes DELAYQ's MAX_ATTEMPTS for the queue.
     "MAX_ATTEMPTS": 1,
+    # Ordered groups: {"<task's dotted path>": "<argument name>"}; each call of
+    # a listed task goes in the group named by that argument's value.
+    "GROUP_BY": {},
 }
 
 # By Message.Status value (the model is not imported here: see the module's docstring).
@@ -137,6 +149,62 @@ def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
+def parse_group_by(value: object) -> dict[str, str]:
+    """``OPTIONS["GROUP_BY"]``: a dict of task paths to argument names, checked."""
+    if not isinstance(value, dict):
+        raise ValueError(
+            "must be a dict of task paths to argument names, e.g. "
+            f"{{'shop.tasks.charge': 'customer_id'}}, not {type(value).__name__}"
+        )
+    for path, name in value.items():
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"task paths must be str (a task's dotted path), got {path!r}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(
+                f"{path!r}: the argument name must be a str naming one of the task's "
+                f"parameters, got {name!r}"
+            )
+    return dict(value)
+
+
+def _parameters(task: tasks.Task[Any, Any]) -> inspect.Signature:
+    """The task function's signature as callers see it (without ``context``)."""
+    signature = inspect.signature(task.func)
+    if task.takes_context:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return signature
+
+
+def _accepts(signature: inspect.Signature, name: str) -> bool:
+    """Whether a call can pass the argument ``name`` (a parameter, or into ``**kwargs``)."""
+    parameter = signature.parameters.get(name)
+    if parameter is not None:
+        return parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    return any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def _argument(task: tasks.Task[Any, Any], name: str, args: Any, kwargs: Any) -> Any:
+    """The value the task function would get for the argument ``name`` (None if none)."""
+    signature = _parameters(task)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"{task.module_path}: {exc} (its group is read from the call, so the call "
+            "must fit the function)"
+        ) from None
+    parameter = signature.parameters.get(name)
+    if parameter is not None and parameter.kind not in (
+        parameter.VAR_POSITIONAL,
+        parameter.VAR_KEYWORD,
+    ):
+        if name in bound.arguments:
+            return bound.arguments[name]
+        return None if parameter.default is parameter.empty else parameter.default
+    extra = next((p for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    return None if extra is None else bound.arguments.get(extra.name, {}).get(name)
+
+
 class DelayQBackend(BaseTaskBackend):
     """Tasks become delayq messages; ``manage.py run_delayq`` runs them."""
 
@@ -147,7 +215,30 @@ class DelayQBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.max_attempts: int | None = {**OPTION_DEFAULTS, **self.options}["MAX_ATTEMPTS"]
+        options = {**OPTION_DEFAULTS, **self.options}
+        self.max_attempts: int | None = options["MAX_ATTEMPTS"]
+        # A malformed GROUP_BY is reported by check() (E043) and refuses every
+        # enqueue: grouped tasks must never run as ungrouped ones.
+        self.group_by: dict[str, str] = {}
+        self.group_by_error = ""
+        try:
+            self.group_by = parse_group_by(options["GROUP_BY"])
+        except ValueError as exc:
+            self.group_by_error = str(exc)
+
+    def group_of(self, task: tasks.Task[Any, Any], args: Any, kwargs: Any) -> str:
+        """The ordered group of a call of ``task`` ("": none), from ``GROUP_BY``."""
+        if self.group_by_error:
+            raise ImproperlyConfigured(
+                f"TASKS[{self.alias!r}]['OPTIONS']['GROUP_BY'] {self.group_by_error}"
+            )
+        name = self.group_by.get(task.module_path)
+        if name is None:
+            return ""
+        value = _argument(task, name, args, kwargs)
+        if value is None:
+            return ""
+        return check_group(str(value), f"{task.module_path}: argument {name!r}: ")
 
     # -- producing -----------------------------------------------------------
 
@@ -172,6 +263,7 @@ class DelayQBackend(BaseTaskBackend):
         from django_delayq.models import Message
 
         self.validate_task(task)
+        group = self.group_of(task, args, kwargs)
         try:
             call: dict[str, Any] = normalize_json({"args": args, "kwargs": kwargs})  # type: ignore[assignment]
         except (TypeError, ValueError) as exc:
@@ -192,6 +284,7 @@ class DelayQBackend(BaseTaskBackend):
             run_at=task.run_after,
             priority=task.priority,
             max_attempts=self.max_attempts,
+            group=group,
         ).message
         result = to_task_result(message, task)
         alias = router.db_for_write(Message)
@@ -269,7 +362,37 @@ class DelayQBackend(BaseTaskBackend):
             errors.append(
                 checks.Error(f"{where}['OPTIONS']['MAX_ATTEMPTS']: {exc}", id="django_delayq.E042")
             )
+        errors.extend(
+            checks.Error(
+                f"{where}['OPTIONS']['GROUP_BY'] {problem}",
+                hint="map a task's dotted path to the name of the argument whose value "
+                'names its group, e.g. {"shop.tasks.charge": "customer_id"}',
+                id="django_delayq.E043",
+            )
+            for problem in self._group_by_problems()
+        )
         return errors
+
+    def _group_by_problems(self) -> list[str]:
+        if self.group_by_error:
+            return [self.group_by_error]
+        problems = []
+        for path, name in sorted(self.group_by.items()):
+            try:
+                task = import_string(path)
+            except ImportError as exc:
+                problems.append(f"{path!r} cannot be imported: {exc}")
+                continue
+            if not isinstance(task, tasks.Task):
+                problems.append(f"{path!r} is not a task (decorate it with @task)")
+            elif task.module_path != path:
+                # Calls are matched by the path of the function's definition.
+                problems.append(
+                    f"{path!r} is the task defined as {task.module_path!r}: list it by that path"
+                )
+            elif not _accepts(_parameters(task), name):
+                problems.append(f"{path!r}: the task takes no argument {name!r}")
+        return problems
 
     def install(self) -> None:
         """Register :func:`run_task` for this backend's valid queue names.

@@ -128,6 +128,13 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
         "default": {
             "BACKEND": "django_delayq.backends.DelayQBackend",
             "QUEUES": ["default", "emails"],
+            # Ordered groups: the steps of one account run one at a time, in order.
+            "OPTIONS": {
+                "GROUP_BY": {
+                    "tests.testapp.tasks.account_step": "account",
+                    "tests.testapp.tasks.tenant_event": "tenant",
+                }
+            },
         },
         "retrying": {
             "BACKEND": "django_delayq.backends.DelayQBackend",

@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, router, transaction
 from django.db.models import (
@@ -44,6 +44,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest
 from django.db.models.sql.subqueries import UpdateQuery
 
@@ -408,6 +409,36 @@ def hold_back(messages: Mapping[Any, Any], *, using: str) -> set[Any]:
     if held:
         Message._base_manager.using(using).filter(pk__in=held).update(next_attempt_time=None)
     return held
+
+
+def hold_back_loaded(
+    connection: Any, queue: str, loaded_keys: str, written_at: datetime
+) -> tuple[str, tuple[Any, ...]]:
+    """:func:`hold_back` as one ``UPDATE`` for the Spark loader, with its parameters.
+
+    The loader's executors run it with plain drivers, in the transaction of
+    the insert it follows: it holds the messages of ``queue`` that the
+    insert wrote (keys from the subquery ``loaded_keys``, rows whose
+    ``updated_at`` is the load's ``written_at``: created or rewritten, not
+    left alone) and that an earlier message of their group holds back. The
+    condition is :func:`hold_back`'s, compiled by Django here, so the two
+    cannot drift apart.
+    """
+    earlier = _of_its_group(Message).filter(_blockers([queue]), pk__lt=OuterRef("pk"))
+    rows = (
+        Message._base_manager.filter(
+            queue=queue,
+            key__in=RawSQL(loaded_keys, ()),
+            status=Status.PENDING,
+            updated_at=written_at,
+        )
+        .exclude(group="")
+        .filter(Exists(earlier))
+    )
+    query = cast(UpdateQuery, rows.query.chain(UpdateQuery))
+    query.add_update_values({"next_attempt_time": None})
+    sql, params = query.get_compiler(connection=connection).as_sql()
+    return sql, tuple(params)
 
 
 def release_groups(

@@ -346,9 +346,15 @@ class BulkLoad:
     sql: str  # the insert (PostgreSQL: with its counts, see load_counts)
     params: tuple[Any, ...]
     existing_sql: str = ""  # SQLite: how many loaded keys existed before
+    # Grouped rows: what holds back the written messages that wait behind their
+    # group (changes.hold_back_loaded), run after the insert in its transaction.
+    hold_back_sql: str = ""
+    hold_back_params: tuple[Any, ...] = ()
 
 
-def bulk_load(connection: BaseDatabaseWrapper, shared: Message, on_conflict: str) -> BulkLoad:
+def bulk_load(
+    connection: BaseDatabaseWrapper, shared: Message, on_conflict: str, *, grouped: bool = False
+) -> BulkLoad:
     """Write the rows a Spark partition loaded into its temporary table ``delayq_load``.
 
     The same columns, template and conflict clause as ``enqueue_many``'s, so
@@ -357,34 +363,68 @@ def bulk_load(connection: BaseDatabaseWrapper, shared: Message, on_conflict: str
     brings its own due time). Parameters are plain values (a ``TextChoices``
     member would make executors import Django to unpickle it); SQLite's
     driver takes ``?`` placeholders.
+
+    ``grouped``: each row brings its group too (``grp``; "" for none), and,
+    as :func:`write` does for grouped messages, the rows are written in the
+    order they were loaded (``ord``), not sorted by key, so that their ids
+    are their order within their group; then the hold-back statement marks
+    held those an earlier message of their group holds back.
     """
     can = features(connection)
     update = on_conflict == "update"
     qn = connection.ops.quote_name
     due = statement("loaded_due", can)
+    columns = {
+        "key": statement("loaded_key", can),
+        "payload": statement("loaded_payload", can),
+        "next_attempt_time": due,
+        "scheduled_time": due,
+    }
+    if grouped:
+        columns["group"] = statement("loaded_group", can)
     source = Source(
-        statement("loaded_rows", can).format(
+        statement("loaded_rows_grouped" if grouped else "loaded_rows", can).format(
             order="DESC" if update else "ASC", pick="max" if update else "min"
         ),
-        {
-            "key": statement("loaded_key", can),
-            "payload": statement("loaded_payload", can),
-            "next_attempt_time": due,
-            "scheduled_time": due,
-        },
+        columns,
     )
     built = insert(connection, source, on_conflict=on_conflict, returning=None)
-    params = tuple(
-        p.value if isinstance(p, enum.Enum) else p for p in built.params(shared, connection)
-    )
+    params = _plain(built.params(shared, connection))
+    hold_back_sql, hold_back_params = "", ()
+    if grouped:
+        from django_delayq.store import changes
+
+        hold_back_sql, hold = changes.hold_back_loaded(
+            connection, shared.queue, statement("loaded_keys", can), shared.updated_at
+        )
+        hold_back_params = _plain(hold)
     table = qn(Message._meta.db_table)
     if can.inserted_flag:
-        return BulkLoad(statement("load_counts", can).format(insert=built.sql), params)
+        return BulkLoad(
+            statement("load_counts", can).format(insert=built.sql),
+            params,
+            hold_back_sql=hold_back_sql,
+            hold_back_params=hold_back_params,
+        )
     return BulkLoad(
         built.sql.replace("%s", "?"),
         params,
         existing_sql=statement("loaded_existing", can).format(table=table),
+        hold_back_sql=hold_back_sql.replace("%s", "?"),
+        hold_back_params=hold_back_params,
     )
+
+
+def _plain(params: Sequence[Any]) -> tuple[Any, ...]:
+    """Parameters as the builtin values they stand for (executors do not import Django)."""
+    plain = []
+    for p in params:
+        if isinstance(p, enum.Enum):
+            p = p.value
+        elif isinstance(p, int) and not isinstance(p, bool) and type(p) is not int:
+            p = int(p)  # a driver's typed integer (psycopg's Int4)
+        plain.append(p)
+    return tuple(plain)
 
 
 # -- writing -----------------------------------------------------------------------------

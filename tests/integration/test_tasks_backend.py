@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import transaction
@@ -33,6 +34,7 @@ from tests.testapp.tasks import (
     TaskResultDoesNotExist,
     TaskResultMismatch,
     TaskResultStatus,
+    account_step,
     add,
     add_async,
     echo,
@@ -46,6 +48,7 @@ from tests.testapp.tasks import (
     task_enqueued,
     task_finished,
     task_started,
+    tenant_event,
 )
 
 TASKS_LOGGER = (
@@ -400,6 +403,107 @@ def test_retried_attempt_sends_started_but_finished_only_at_the_end(
     run_worker(["tasks-retry"])
     names = [name for name, _, _, r in received if r.id == result.id]
     assert names == ["enqueued", "started", "started", "finished"]
+
+
+# -- ordered groups (OPTIONS["GROUP_BY"]) --------------------------------------
+
+
+def _message(result) -> Message:
+    return Message.objects.get(pk=int(result.id))
+
+
+def test_group_by_puts_a_task_in_the_group_its_argument_names():
+    # The suite's default backend groups account_step by "account" and
+    # tenant_event by "tenant" (tests/settings.py).
+    assert _message(account_step.enqueue(42, "open")).group == "42"  # str() of the value
+    assert _message(account_step.enqueue(account="ann", step="open")).group == "ann"
+    assert _message(account_step.enqueue("bob", step="open")).group == "bob"  # positional too
+    assert _message(account_step.enqueue(None, "open")).group == ""  # None: no group
+    assert _message(account_step.enqueue("", "open")).group == ""
+    assert _message(tenant_event.enqueue("signup", tenant="t1", plan="pro")).group == "t1"
+    assert _message(tenant_event.enqueue("signup", plan="pro")).group == ""  # not passed
+    assert _message(add.enqueue(1, 2)).group == ""  # a task not listed: no group
+    payload = _message(account_step.enqueue(7, "open")).payload
+    assert (payload["args"], payload["kwargs"]) == ([7, "open"], {})  # the call is unchanged
+
+
+def test_tasks_of_one_group_run_one_at_a_time_in_enqueue_order(run_worker):
+    # Priorities would run "second" first; the group keeps the enqueue order.
+    first = account_step.using(priority=-100).enqueue(1, "first")
+    second = account_step.using(priority=100).enqueue(1, "second")
+    other = account_step.enqueue(2, "other")
+    assert _message(second).next_attempt_time is None  # held behind "first"
+    assert _message(other).next_attempt_time is not None  # another group: due now
+    run_worker(["default"], concurrency=4)
+    ran = list(Effect.objects.order_by("pk").values_list("value", flat=True))
+    assert sorted(ran) == ["1:first", "1:second", "2:other"]
+    assert ran.index("1:first") < ran.index("1:second")
+    for result in (first, second, other):
+        assert account_step.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    started = account_step.get_result(second.id).started_at
+    assert started >= account_step.get_result(first.id).finished_at
+
+
+def test_a_failed_task_holds_the_rest_of_its_group(run_worker):
+    failed = account_step.enqueue(3, "charge", fail=True)
+    after = account_step.enqueue(3, "ship")
+    free = account_step.enqueue(4, "ship")
+    run_worker(["default"])
+    assert account_step.get_result(failed.id).status == TaskResultStatus.FAILED
+    assert account_step.get_result(after.id).status == TaskResultStatus.READY  # still waiting
+    assert account_step.get_result(free.id).status == TaskResultStatus.SUCCESSFUL
+    assert set(Effect.objects.values_list("value", flat=True)) == {"3:charge", "4:ship"}
+
+
+def test_a_group_value_delayq_cannot_hold_is_refused_before_anything_is_written():
+    with pytest.raises(ValueError, match="account_step: argument 'account': group is 201"):
+        account_step.enqueue("x" * 201, "open")
+    with pytest.raises(ValueError, match="NUL"):
+        account_step.enqueue("a\x00b", "open")
+    with pytest.raises(TypeError, match="account_step.*step"):
+        account_step.enqueue(5)  # the group comes from the call: it must fit the function
+    assert not Message.objects.exists()
+
+
+def grouped_backend(group_by: object, queues: tuple[str, ...] = ("default",)) -> DelayQBackend:
+    return DelayQBackend("grouped", {"QUEUES": list(queues), "OPTIONS": {"GROUP_BY": group_by}})
+
+
+@pytest.mark.parametrize(
+    ("group_by", "problem"),
+    [
+        (["tests.testapp.tasks.account_step"], "must be a dict of task paths"),
+        ({"tests.testapp.tasks.account_step": 1}, "the argument name must be a str"),
+        ({"tests.testapp.tasks.account_step": ""}, "the argument name must be a str"),
+        ({1: "account"}, "task paths must be str"),
+        ({"tests.testapp.tasks.nope": "account"}, "cannot be imported"),
+        ({"tests.testapp.tasks.TaskBoom": "account"}, "is not a task"),
+        ({"tests.testapp.tasks.Effect": "account"}, "is not a task"),
+        (
+            {"tests.integration.test_tasks_backend.account_step": "account"},
+            "is the task defined as 'tests.testapp.tasks.account_step'",
+        ),
+        ({"tests.testapp.tasks.account_step": "customer"}, "takes no argument 'customer'"),
+        ({"tests.testapp.tasks.account_step": "context"}, "takes no argument 'context'"),
+        ({"tests.testapp.tasks.tenant_event": "fields"}, "takes no argument 'fields'"),
+    ],
+)
+def test_checks_name_a_bad_group_by_option(group_by, problem):
+    errors = grouped_backend(group_by).check()
+    assert [e.id for e in errors] == ["django_delayq.E043"], [e.msg for e in errors]
+    assert errors[0].msg.startswith("TASKS['grouped']['OPTIONS']['GROUP_BY']")
+    assert problem in errors[0].msg
+
+
+def test_a_backend_with_a_malformed_group_by_refuses_to_enqueue():
+    backend = grouped_backend({"tests.testapp.tasks.add": 3})
+    with pytest.raises(ImproperlyConfigured, match=r"\['GROUP_BY'\].*argument name must be a str"):
+        backend.enqueue(add, (1, 2), {})
+    assert not Message.objects.exists()
+    fine = grouped_backend({"tests.testapp.tasks.account_step": "account"})
+    assert fine.check() == [] and task_backends["default"].check() == []
+    assert fine.group_of(account_step, (9, "x"), {}) == "9"
+    assert fine.group_of(add, (1, 2), {}) == ""
 
 
 # -- configuration ------------------------------------------------------------

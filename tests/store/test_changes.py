@@ -1211,6 +1211,27 @@ def test_hold_back_holds_what_an_earlier_message_of_its_group_holds_back() -> No
     assert changes.hold_back({}, using="default") == set()
 
 
+def test_hold_back_loaded_holds_what_the_load_wrote_behind_its_group() -> None:
+    if not can().pipeline:
+        pytest.skip("the Spark loader's statement, for the pipeline's databases")
+    written = at(10)  # the load's updated_at: what it created or rewrote
+    head = MESSAGE.add(group="g", key="head")
+    behind = MESSAGE.add(group="g", key="b", updated_at=written)
+    alone = MESSAGE.add(group="h", key="c", updated_at=written)
+    kept = MESSAGE.add(group="g", key="x", updated_at=at(0))  # loaded, but left alone
+    other = MESSAGE.add(group="g", key="d", updated_at=written)  # not in this batch
+    plain = MESSAGE.add(key="e", updated_at=written)
+    elsewhere = MESSAGE.add(group="g", key="b2", queue="q2", updated_at=written)
+    MESSAGE.add(group="g", key="h2", queue="q2")  # holds b2 back, in its own queue
+    loaded = " UNION ALL ".join(f"SELECT '{k}'" for k in ("b", "c", "x", "e", "b2"))
+    sql, params = changes.hold_back_loaded(connection, "q", loaded, written)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    due = {pk for pk in MESSAGE.pks() if MESSAGE.state(pk)["next_attempt_time"] is not None}
+    assert due >= {head, alone, kept, other, plain, elsewhere}
+    assert behind not in due
+
+
 def test_release_groups_lets_the_next_message_go_once_the_one_before_is_done(
     fake_clock: FakeClock,
 ) -> None:

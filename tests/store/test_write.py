@@ -421,24 +421,30 @@ def test_row_copies_every_column_of_the_template() -> None:
 # -- the Spark loader's statement (PostgreSQL and SQLite) -------------------------------
 
 
-def load(queue: str, rows: list[tuple[str, Any]], on_conflict: str) -> tuple[int, int]:
-    """``bulk_load`` of ``(key, payload)`` rows, due now, as the loader runs it: (created,
-    updated)."""
+def load(
+    queue: str,
+    rows: list[tuple[str, Any]],
+    on_conflict: str,
+    groups: list[str] | None = None,
+) -> tuple[int, int]:
+    """``bulk_load`` of ``(key, payload)`` rows (and their ``groups``), due now, as the
+    loader runs it: (created, updated)."""
     now = at(0)
     shared = write.template(queue, kind="", priority=0, due=now, max_attempts=None, now=now)
-    loaded = write.bulk_load(connection, shared, on_conflict)
+    loaded = write.bulk_load(connection, shared, on_conflict, grouped=groups is not None)
     due = str(connection.ops.adapt_datetimefield_value(now))
     with connection.cursor() as cursor:
         if can().inserted_flag:
             cursor.execute(
-                "CREATE TEMP TABLE delayq_load (ord bigint, key text, payload text, due text)"
+                "CREATE TEMP TABLE delayq_load "
+                "(ord bigint, key text, payload text, due text, grp text)"
             )
         else:
-            cursor.execute("CREATE TEMP TABLE delayq_load (ord, key, payload, due)")
+            cursor.execute("CREATE TEMP TABLE delayq_load (ord, key, payload, due, grp)")
         for i, (key, payload) in enumerate(rows):
             cursor.execute(
-                "INSERT INTO delayq_load VALUES (%s, %s, %s, %s)",
-                [i, key, encode_payload(payload), due],
+                "INSERT INTO delayq_load VALUES (%s, %s, %s, %s, %s)",
+                [i, key, encode_payload(payload), due, "" if groups is None else groups[i]],
             )
         if can().inserted_flag:
             cursor.execute(loaded.sql, loaded.params)
@@ -451,6 +457,11 @@ def load(queue: str, rows: list[tuple[str, Any]], on_conflict: str) -> tuple[int
             written = connection.connection.total_changes - before
             created = len({k for k, _ in rows}) - existing
             updated = written - created
+        if groups is not None:
+            # The executors' drivers take ? on SQLite; Django's cursor takes %s.
+            cursor.execute(loaded.hold_back_sql.replace("?", "%s"), loaded.hold_back_params)
+        else:
+            assert loaded.hold_back_sql == ""
         cursor.execute("DROP TABLE delayq_load")
     return created, updated
 
@@ -484,6 +495,49 @@ def test_bulk_load_writes_what_enqueue_many_writes(on_conflict: str, fake_clock:
     firsts = [r.outcome for r, (k, _) in zip(results, rows, strict=True) if k != "dup"]
     firsts.append(results[4].outcome)
     assert counts == (firsts.count(CREATED), firsts.count(UPDATED))
+
+
+@pytest.mark.parametrize("on_conflict", ["ignore", "update"])
+def test_grouped_bulk_load_writes_and_holds_back_what_enqueue_many_does(
+    on_conflict: str, fake_clock: FakeClock
+) -> None:
+    if not can().pipeline:
+        pytest.skip("the Spark loader runs on the pipeline's databases only")
+    for queue in ("by-enqueue", "by-load"):
+        enqueue_many(queue, [{"v": 1}] * 3, keys=["first", "done", "other"], groups=["a", "a", "b"])
+        Message.objects.filter(queue=queue, key="done").update(
+            status="succeeded", next_attempt_time=None, finished_at=at(0)
+        )
+    fake_clock.advance(1)
+    # Keys that sort against their order: a load sorted by key would reverse group c.
+    rows = [("z3", {"v": 1}), ("z2", {"v": 2}), ("z1", {"v": 3}), ("done", {"v": 2})]
+    rows += [("free", {"v": 1}), ("y", {"v": 1}), ("z0", {"v": 4})]
+    groups = ["a", "c", "c", "a", "", "b", "c"]
+
+    enqueue_many(
+        "by-enqueue",
+        [p for _, p in rows],
+        keys=[k for k, _ in rows],
+        groups=groups,
+        on_conflict=on_conflict,
+    )
+    load("by-load", rows, on_conflict, groups)
+
+    def table(queue: str) -> dict[str, dict[str, Any]]:
+        return {
+            m.key: {k: v for k, v in m.as_dict().items() if k not in ("id", "queue")}
+            for m in Message.objects.filter(queue=queue)
+        }
+
+    def order(queue: str) -> list[tuple[str, str]]:
+        return list(Message.objects.filter(queue=queue).order_by("pk").values_list("group", "key"))
+
+    assert table("by-load") == table("by-enqueue")
+    assert order("by-load") == order("by-enqueue")
+    held = Message.objects.filter(queue="by-load", status="pending", next_attempt_time=None)
+    waiting = {"z3", "z1", "y", "z0"} | ({"done"} if on_conflict == "update" else set())
+    assert set(held.values_list("key", flat=True)) == waiting
+    assert [k for g, k in order("by-load") if g == "c"] == ["z2", "z1", "z0"]
 
 
 # -- the wake-up of idle workers ---------------------------------------------------------

@@ -97,3 +97,19 @@ def flaky(context):
     if context.attempt < 2:
         raise TaskBoom(f"attempt {context.attempt} fails")
     return context.attempt
+
+
+@task(takes_context=True)
+def account_step(context, account, step, fail=False):
+    """Grouped by ``account`` (the suite's ``TASKS["default"]["OPTIONS"]["GROUP_BY"]``):
+    leaves an Effect ``account:step`` (its pk gives the order steps ran in)."""
+    Effect.objects.create(message_id=int(context.task_result.id), value=f"{account}:{step}")
+    if fail:
+        raise TaskBoom(f"step {step} of account {account} failed")
+    return step
+
+
+@task
+def tenant_event(name, **fields):
+    """Grouped by ``tenant``, which only its ``**fields`` can hold."""
+    return name

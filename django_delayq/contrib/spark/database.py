@@ -113,19 +113,27 @@ def jdbc_options(alias: str) -> dict[str, str]:
 
 
 def load_plan(
-    alias: str, *, queue: str, kind: str, priority: int, on_conflict: str, now: datetime
+    alias: str,
+    *,
+    queue: str,
+    kind: str,
+    priority: int,
+    on_conflict: str,
+    now: datetime,
+    grouped: bool = False,
 ) -> LoadPlan:
     """The SQL one partition runs to upsert the rows it loaded into ``delayq_load``.
 
-    Every column but the key, the payload and the due time is the same for
-    the whole job: they are parameters, computed here once, so a retried
-    task writes exactly what the first attempt did.
+    Every column but the key, the payload and the due time (and the group,
+    when ``grouped``) is the same for the whole job: they are parameters,
+    computed here once, so a retried task writes exactly what the first
+    attempt did.
     """
     connection = connections[alias]
     shared = write.template(
         queue, kind=kind, priority=priority, due=now, max_attempts=None, now=now
     )
-    load = write.bulk_load(connection, shared, on_conflict)
+    load = write.bulk_load(connection, shared, on_conflict, grouped=grouped)
     notify = (
         write.NOTIFY_CHANNEL if features(connection).notify and get_config()["NOTIFY"] else None
     )
@@ -136,6 +144,8 @@ def load_plan(
         load.params,
         existing_sql=load.existing_sql,
         notify_channel=notify,
+        hold_back_sql=load.hold_back_sql,
+        hold_back_params=load.hold_back_params,
     )
 
 

@@ -29,12 +29,14 @@ MICROSECOND = timedelta(microseconds=1)
 LOAD_BATCH_ROWS = 50_000
 DELETE_BATCH_ROWS = 20_000
 
+# grp: each row's ordered group ("" for none), when the load has a group column.
 _PG_TEMP = (
     "CREATE TEMP TABLE IF NOT EXISTS delayq_load "
-    "(ord bigint, key text, payload text, due text) ON COMMIT DELETE ROWS"
+    "(ord bigint, key text, payload text, due text, grp text) ON COMMIT DELETE ROWS"
 )
 _SQLITE_TEMP = (
-    "CREATE TEMP TABLE IF NOT EXISTS delayq_load (ord INTEGER, key TEXT, payload TEXT, due TEXT)"
+    "CREATE TEMP TABLE IF NOT EXISTS delayq_load "
+    "(ord INTEGER, key TEXT, payload TEXT, due TEXT, grp TEXT)"
 )
 
 
@@ -70,6 +72,15 @@ class LoadPlan:
     existing_sql: str = ""
     notify_channel: str | None = None  # PostgreSQL with DELAYQ["NOTIFY"]
     batch_rows: int = LOAD_BATCH_ROWS
+    # Grouped loads: rows are (key, payload, due, group), written in the order
+    # given; then this statement holds what waits behind its group, in the
+    # same transaction (store.changes.hold_back_loaded).
+    hold_back_sql: str = ""
+    hold_back_params: tuple[Any, ...] = ()
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.hold_back_sql)
 
 
 @dataclass
@@ -110,6 +121,12 @@ def write_partition(plan: LoadPlan, rows: Iterable[Any]) -> Iterator[tuple[int, 
     rows. Within a batch a repeated key is written once (the first
     occurrence with ``ignore``, the last with ``update``) and the others are
     counted as ignored, like ``enqueue_many``.
+
+    A grouped plan takes ``(key, payload_json, due_text, group)`` rows and
+    writes them in the order it gets them, batch after batch, so the ids of
+    a group's rows follow that order; each batch's transaction then holds
+    the rows that an earlier message of their group holds back (written by
+    this batch, an earlier one, or anyone before), as ``enqueue_many`` does.
     """
     writer = _write_postgresql if plan.target.vendor == "postgresql" else _write_sqlite
     yield writer(plan, iter(rows)).as_tuple()
@@ -122,14 +139,16 @@ def _write_postgresql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
         cur.execute(_PG_TEMP)
         while True:
             loaded = 0
-            with cur.copy("COPY delayq_load (ord, key, payload, due) FROM STDIN") as copy:
+            with cur.copy(f"COPY delayq_load ({_columns(plan)}) FROM STDIN") as copy:
                 for loaded, row in enumerate(islice(rows, plan.batch_rows), 1):
-                    copy.write_row((loaded, row[0], row[1], row[2]))
+                    copy.write_row((loaded, *row))
             if not loaded:
                 conn.rollback()
                 break
             cur.execute(plan.upsert_sql, plan.upsert_params)
             created, updated, first_due = cur.fetchone()
+            if plan.grouped:
+                cur.execute(plan.hold_back_sql, plan.hold_back_params)
             if plan.notify_channel and (created or updated):
                 # Delivered on commit: one wake-up per transaction, not per row.
                 body = json.dumps({"queue": plan.queue, "due": first_due.timestamp()})
@@ -153,9 +172,11 @@ def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
             # existing keys below cannot change before the upsert.
             conn.execute("BEGIN IMMEDIATE")
             try:
+                columns = _columns(plan)
+                marks = ", ".join("?" * (columns.count(",") + 1))
                 conn.executemany(
-                    "INSERT INTO temp.delayq_load VALUES (?, ?, ?, ?)",
-                    ((i, r[0], r[1], r[2]) for i, r in enumerate(batch)),
+                    f"INSERT INTO temp.delayq_load ({columns}) VALUES ({marks})",
+                    ((i, *r) for i, r in enumerate(batch)),
                 )
                 distinct = conn.execute("SELECT count(DISTINCT key) FROM temp.delayq_load")
                 keys = distinct.fetchone()[0]
@@ -163,6 +184,8 @@ def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
                 before = conn.total_changes
                 conn.execute(plan.upsert_sql, plan.upsert_params)
                 written = conn.total_changes - before
+                if plan.grouped:
+                    conn.execute(plan.hold_back_sql, plan.hold_back_params)
                 conn.execute("DELETE FROM temp.delayq_load")
                 conn.execute("COMMIT")
             except BaseException:
@@ -173,6 +196,10 @@ def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     finally:
         conn.close()
     return counts
+
+
+def _columns(plan: LoadPlan) -> str:
+    return "ord, key, payload, due, grp" if plan.grouped else "ord, key, payload, due"
 
 
 # -- the archive's delete -------------------------------------------------------

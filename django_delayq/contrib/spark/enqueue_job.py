@@ -21,6 +21,24 @@ The job in three steps, all but the last read-only:
    its own transaction with one NOTIFY. Keys make it idempotent: a retried
    task, or a re-run of the whole job, finds its rows already there.
 
+**Ordered groups** (``--group-column``): each row's group is that column's
+value as text (null or empty: no group; over 200 characters or holding NUL:
+a rejected row). The rows are repartitioned by group, so that all the rows
+of a group are written by one task, one transaction after another, in
+their input order: by ``--order-column`` (nulls last), then by the order
+Spark read them in, which is each file's own order (Spark reads the files
+of a directory in an order of its own, larger ones first). Their ids follow
+that order, which is the order their group runs in. In each transaction,
+after the insert, the rows that an earlier message of their group holds
+back are marked held (``store.changes.hold_back_loaded``), as
+``enqueue_many`` does. The claim keeps a group's order with or without it;
+the hold keeps waiting messages out of the claim's way. It runs on the
+executors, in the insert's transaction, rather than once from the driver
+at the end: each commit then leaves what ``enqueue_many`` would (workers
+start on the first rows while the rest load, and would otherwise step over
+every waiting message until the end), and a job that dies midway leaves no
+unheld rows behind for a last step that never ran.
+
 Payloads are encoded by Spark's ``to_json`` in the JVM, so the Python
 workers only stream three strings per row into COPY.
 """
@@ -46,6 +64,7 @@ from django_delayq.conf import get_config
 from django_delayq.contrib.spark import PipelineError, check_seconds, database, dbapi
 from django_delayq.contrib.spark.storage import java_message
 from django_delayq.enqueuing import check_priority
+from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH
 from django_delayq.registry import validate_kind, validate_queue_name
 
@@ -92,6 +111,8 @@ class EnqueueOptions:
     database: str | None = None
     max_reject_rate: float = DEFAULT_MAX_REJECT_RATE
     rejects_path: str | None = None  # None: beside the source
+    group_column: str | None = None  # each row's ordered group; None: no groups
+    order_column: str | None = None  # the order of a group's rows; None: as read
 
 
 @dataclass(frozen=True)
@@ -211,6 +232,8 @@ def validate_options(options: EnqueueOptions) -> EnqueueOptions:
         raise PipelineError(f"--max-reject-rate must be from 0 to 1, got {options.max_reject_rate}")
     if options.payload_columns is not None and not options.payload_columns:
         raise PipelineError("--payload-columns names no column")
+    if options.order_column is not None and options.group_column is None:
+        raise PipelineError("--order-column orders the rows of each group: pass --group-column too")
     if options.format is not None and options.format not in FORMATS:
         raise PipelineError(f"--format must be csv, parquet or json, got {options.format!r}")
     source = options.source
@@ -320,6 +343,20 @@ def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], lis
                 f"key column {options.key_column!r} has type {dtype.simpleString()}; "
                 "a key must be text or a number"
             )
+    if options.group_column is not None:
+        dtype = require(options.group_column, "group column")
+        if not _atomic(dtype):
+            raise PipelineError(
+                f"group column {options.group_column!r} has type {dtype.simpleString()}; "
+                "a group must be text or a number"
+            )
+    if options.order_column is not None:
+        dtype = require(options.order_column, "order column")
+        if not _atomic(dtype):
+            raise PipelineError(
+                f"order column {options.order_column!r} has type {dtype.simpleString()}; "
+                "rows are ordered by a number, text, a date or a timestamp"
+            )
     if options.run_at_column is not None:
         dtype = require(options.run_at_column, "run-at column")
         if not isinstance(dtype, T.StringType | T.TimestampType | T.TimestampNTZType | T.DateType):
@@ -423,7 +460,9 @@ def prepare(
     """``key``, ``payload`` (JSON text), ``due`` (text the database parses) and ``reason``.
 
     ``reason`` is null for a valid row, else why it is rejected; ``row`` is
-    the whole row as JSON, for the rejects file.
+    the whole row as JSON, for the rejects file. With a group column, also
+    ``group`` ("" for none), ``seq`` (the order Spark read the rows in) and,
+    with an order column, ``sort`` (its values).
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -453,6 +492,30 @@ def prepare(
             ),
             (F.instr(key, "\x00") > 0, F.lit(f"key column {name!r} contains a NUL character")),
         ]
+
+    extra: list[Column] = []
+    if options.group_column is not None:
+        name = options.group_column
+        group = df[name].cast("string")
+        checks += [
+            (
+                F.length(group) > GROUP_MAX_LENGTH,
+                F.concat(
+                    F.lit(f"group column {name!r} is "),
+                    F.length(group).cast("string"),
+                    F.lit(f" characters, over {GROUP_MAX_LENGTH}"),
+                ),
+            ),
+            (F.instr(group, "\x00") > 0, F.lit(f"group column {name!r} contains a NUL character")),
+        ]
+        # seq: taken on the rows as read, before any shuffle: (the read
+        # partition, the row's place in it), so in each file's own order.
+        extra += [
+            F.coalesce(group, F.lit("")).alias("group"),
+            F.monotonically_increasing_id().alias("seq"),
+        ]
+        if options.order_column is not None:
+            extra.append(df[options.order_column].alias("sort"))
 
     if options.run_at_column is not None:
         name = options.run_at_column
@@ -511,6 +574,7 @@ def prepare(
         due_text.alias("due"),
         reason.alias("reason"),
         row_json.alias("row"),
+        *extra,
     )
 
 
@@ -567,6 +631,29 @@ def write_rejects(prepared: DataFrame, path: str) -> None:
 # -- the job --------------------------------------------------------------------
 
 
+def in_group_order(valid: DataFrame, options: EnqueueOptions) -> DataFrame:
+    """``(key, payload, due, group)`` rows, each group's in one partition, in its order.
+
+    Rows are spread by group (an ungrouped row by its key, so that rows
+    without a group do not all land in one partition) over ``--partitions``
+    partitions, else as many as the source had; within a partition they are
+    sorted by ``--order-column`` (nulls last), then by the order they were
+    read in, which is the order the partition's writer gives them ids in.
+    """
+    from pyspark.sql import functions as F
+
+    count = options.partitions or valid.rdd.getNumPartitions()
+    spread = F.when(F.col("group") != "", F.col("group")).otherwise(F.col("key"))
+    order = [F.col("seq")]
+    if options.order_column is not None:
+        order.insert(0, F.col("sort").asc_nulls_last())
+    return (
+        valid.repartition(count, spread)
+        .sortWithinPartitions(*order)
+        .select("key", "payload", "due", "group")
+    )
+
+
 def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
     """Validate, then enqueue every valid row; see the module docstring."""
     from pyspark.sql import functions as F
@@ -609,9 +696,13 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
         rejects_path = str(options.rejects_path)
         write_rejects(prepared, rejects_path)
 
-    good = prepared.filter(F.col("reason").isNull()).select("key", "payload", "due")
-    if options.partitions:
-        good = good.repartition(options.partitions)
+    valid = prepared.filter(F.col("reason").isNull())
+    if options.group_column is not None:
+        good = in_group_order(valid, options)
+    else:
+        good = valid.select("key", "payload", "due")
+        if options.partitions:
+            good = good.repartition(options.partitions)
     plan = database.load_plan(
         alias,
         queue=options.queue,
@@ -619,6 +710,7 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
         priority=options.priority,
         on_conflict=options.on_conflict,
         now=now,
+        grouped=options.group_column is not None,
     )
     sc.setJobDescription(f"delayq enqueue: write {rows - rejected} rows to {options.queue}")
     rdd = good.rdd

@@ -92,6 +92,18 @@ class Command(BaseCommand):
         when.add_argument("--run-at-column", metavar="COL", help="each row's due time")
         enqueue.add_argument("--on-conflict", choices=("ignore", "update"), default="ignore")
         enqueue.add_argument(
+            "--group-column",
+            metavar="COL",
+            help="each row's ordered group (empty: none): the messages of a group run one "
+            "at a time, in the order of the rows",
+        )
+        enqueue.add_argument(
+            "--order-column",
+            metavar="COL",
+            help="the order of the rows of each group (default: the order Spark reads "
+            "them in); needs --group-column",
+        )
+        enqueue.add_argument(
             "--partitions", type=int, metavar="N", help="default: the source's partitioning"
         )
         enqueue.add_argument(

@@ -60,8 +60,20 @@ SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)
 -- (ON CONFLICT DO UPDATE may not touch a row twice in one statement).
 (SELECT DISTINCT ON (key) key, payload, due FROM pg_temp.delayq_load ORDER BY key, ord {order}) AS src
 
+-- name: loaded_rows_grouped
+-- The same rows with their groups (grp, "" for none), written in the order they
+-- were loaded (ord), not by key: their ids are their order within their group.
+(SELECT DISTINCT ON (key) key, payload, due, grp, ord FROM pg_temp.delayq_load ORDER BY key, ord {order}) AS src ORDER BY src.ord
+
 -- name: loaded_key
 src.key
+
+-- name: loaded_group
+src.grp
+
+-- name: loaded_keys
+-- The keys in the loader's temporary table (what the hold-back looks at).
+SELECT key FROM pg_temp.delayq_load
 
 -- name: loaded_payload
 src.payload::jsonb

@@ -35,8 +35,20 @@ json({table}."payload") IS NOT json(excluded."payload")
 -- occurrence with ignore (min), the last with update (max).
 temp.delayq_load AS src WHERE src.ord IN (SELECT {pick}(ord) FROM temp.delayq_load GROUP BY key) ORDER BY src.key
 
+-- name: loaded_rows_grouped
+-- The same rows with their groups (grp, "" for none), written in the order they
+-- were loaded (ord), not by key: their ids are their order within their group.
+temp.delayq_load AS src WHERE src.ord IN (SELECT {pick}(ord) FROM temp.delayq_load GROUP BY key) ORDER BY src.ord
+
 -- name: loaded_key
 src.key
+
+-- name: loaded_group
+src.grp
+
+-- name: loaded_keys
+-- The keys in the loader's temporary table (what the hold-back looks at).
+SELECT key FROM temp.delayq_load
 
 -- name: loaded_payload
 src.payload
