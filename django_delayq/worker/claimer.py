@@ -51,6 +51,9 @@ MIN_IDLE_SLEEP = 0.01
 # while claims keep finding work (at 200 messages a second: two per claim).
 COALESCE = 0.01
 
+# Shortest sleep until a lane's limits let it claim again.
+MIN_LIMIT_SLEEP = 0.001
+
 # How often a lane held back by a global cap looks again for a free place
 # (its own messages' ends wake it at once; other workers' are seen this way).
 CAP_RECHECK = timedelta(seconds=0.25)
@@ -240,14 +243,16 @@ class Claimer:
         # The due messages of a queue its limits hold back do not wake the
         # worker: the end of the hold does.
         next_due = self.next_due(frozenset(q for lane in held_back for q in lane.queues))
-        for lane in held_back:
-            if lane.wake_at is not None and (next_due is None or lane.wake_at < next_due):
-                next_due = lane.wake_at
         hint = self.waker.hint
         if hint is not None and (next_due is None or hint < next_due):
             next_due = hint
         if next_due is not None:
             timeout = max(MIN_IDLE_SLEEP, min(timeout, (next_due - now).total_seconds()))
+        for lane in held_back:
+            # To the millisecond: a rate's start that comes late is a start
+            # lost (the next one in its place waits a whole period from it).
+            assert lane.wake_at is not None
+            timeout = max(MIN_LIMIT_SLEEP, min(timeout, (lane.wake_at - now).total_seconds()))
         self.waker.hint = None
         if self.waker.wait(timeout):
             self.undrain()  # the next due time, or the poll interval, has come

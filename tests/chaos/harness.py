@@ -358,6 +358,9 @@ class Run:
             for event in self.events:
                 out.write(f"{event.at.isoformat()} {event.kind} pid={event.pid} {event.detail}\n")
         for consumer in self.consumers:
+            # A consumer spawned moments ago may still be starting: its stop
+            # is judged once it has said it consumes (it holds nothing before).
+            _wait_until_consuming(consumer)
             consumer.expected_exit = True
             consumer.proc.send_signal(signal.SIGTERM)
         self.exit_codes = [consumer.proc.wait(timeout=120) for consumer in self.consumers]
@@ -369,6 +372,15 @@ class Run:
         for log in self._logs:
             log.close()
         return elapsed
+
+
+def _wait_until_consuming(consumer: Consumer, timeout: float = 60.0) -> None:
+    """Poll the consumer's log (with a deadline) for the line a started worker writes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and consumer.proc.poll() is None:
+        if b" consuming " in consumer.log.read_bytes():
+            return
+        time.sleep(0.05)
 
 
 def reset(using: str = "default") -> None:

@@ -79,3 +79,24 @@ def test_prune_command_deletes_old_finished_messages():
 def test_prune_command_refuses_a_retention_out_of_range(older_than, words):
     with pytest.raises(CommandError, match=words):
         run("delayq_prune", "--older-than", older_than)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_asked_for_while_the_worker_starts_stops_it_before_it_claims(monkeypatch):
+    import os
+    import signal
+
+    from django_delayq.management.commands import run_delayq
+
+    enqueue("default", {}, key="due")
+    checks = run_delayq.Command.check
+
+    def check_then_sigterm(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # while the worker starts
+        return checks(self, *args, **kwargs)
+
+    monkeypatch.setattr(run_delayq.Command, "check", check_then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    call_command("run_delayq", "--queue", "default", verbosity=0)  # returns: stopped
+    assert Message.objects.get(key="due").status == "pending"  # nothing was claimed
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handlers are gone

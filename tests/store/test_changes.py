@@ -1191,10 +1191,12 @@ def test_group_clear_probes_the_group_index(fake_clock: FakeClock) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")  # the table is small
     plan = str(clear.explain())
-    # Both probes (an earlier message that comes first, one of the group that
-    # runs); without the index's own condition, PostgreSQL read the primary
-    # key's range below each candidate (every older message) instead.
-    assert plan.count("delayq_group_idx") == 2, plan
+    # The probe for an earlier message that comes first reads the group index;
+    # without the index's own condition, PostgreSQL read the primary key's
+    # range below each candidate (every older message) instead. (The probe
+    # for a running message of the group may read the group index too, or,
+    # hashed once, the few running rows off the claim index.)
+    assert plan.count("delayq_group_idx") >= 1, plan
     assert "pkey" not in plan, plan
 
 

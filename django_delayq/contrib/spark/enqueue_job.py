@@ -336,27 +336,22 @@ def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], lis
             raise PipelineError(f"{what} {name!r} is not a column of {source} (columns: {listing})")
         return types[name]
 
-    if options.key_column is not None:
-        dtype = require(options.key_column, "key column")
+    # Columns that must hold one plain value per row (text, a number, a time).
+    plain = [
+        (options.key_column, "key column", "a key must be text or a number"),
+        (options.group_column, "group column", "a group must be text or a number"),
+        (
+            options.order_column,
+            "order column",
+            "rows are ordered by a number, text, a date or a timestamp",
+        ),
+    ]
+    for column, what, why in plain:
+        if column is None:
+            continue
+        dtype = require(column, what)
         if not _atomic(dtype):
-            raise PipelineError(
-                f"key column {options.key_column!r} has type {dtype.simpleString()}; "
-                "a key must be text or a number"
-            )
-    if options.group_column is not None:
-        dtype = require(options.group_column, "group column")
-        if not _atomic(dtype):
-            raise PipelineError(
-                f"group column {options.group_column!r} has type {dtype.simpleString()}; "
-                "a group must be text or a number"
-            )
-    if options.order_column is not None:
-        dtype = require(options.order_column, "order column")
-        if not _atomic(dtype):
-            raise PipelineError(
-                f"order column {options.order_column!r} has type {dtype.simpleString()}; "
-                "rows are ordered by a number, text, a date or a timestamp"
-            )
+            raise PipelineError(f"{what} {column!r} has type {dtype.simpleString()}; {why}")
     if options.run_at_column is not None:
         dtype = require(options.run_at_column, "run-at column")
         if not isinstance(dtype, T.StringType | T.TimestampType | T.TimestampNTZType | T.DateType):
@@ -454,6 +449,22 @@ def _django_datetime_text(ts: Column) -> Column:
     ).otherwise(F.date_format(ts, "yyyy-MM-dd HH:mm:ss.SSSSSS"))
 
 
+def _text_checks(value: Column, what: str, max_length: int) -> list[tuple[Column, Column]]:
+    """The reject reasons of a text column's value: too long, or holding a NUL
+    (the checks ``values.check_text`` makes of a key or group given in Python)."""
+    from pyspark.sql import functions as F
+
+    too_long = F.concat(
+        F.lit(f"{what} is "),
+        F.length(value).cast("string"),
+        F.lit(f" characters, over {max_length}"),
+    )
+    return [
+        (F.length(value) > max_length, too_long),
+        (F.instr(value, "\x00") > 0, F.lit(f"{what} contains a NUL character")),
+    ]
+
+
 def prepare(
     df: DataFrame, options: EnqueueOptions, columns: list[str], payload: list[str], now: datetime
 ) -> DataFrame:
@@ -482,32 +493,14 @@ def prepare(
         checks += [
             (key.isNull(), F.lit(f"key column {name!r} is null")),
             (key == "", F.lit(f"key column {name!r} is empty")),
-            (
-                F.length(key) > KEY_MAX_LENGTH,
-                F.concat(
-                    F.lit(f"key column {name!r} is "),
-                    F.length(key).cast("string"),
-                    F.lit(f" characters, over {KEY_MAX_LENGTH}"),
-                ),
-            ),
-            (F.instr(key, "\x00") > 0, F.lit(f"key column {name!r} contains a NUL character")),
+            *_text_checks(key, f"key column {name!r}", KEY_MAX_LENGTH),
         ]
 
     extra: list[Column] = []
     if options.group_column is not None:
         name = options.group_column
         group = df[name].cast("string")
-        checks += [
-            (
-                F.length(group) > GROUP_MAX_LENGTH,
-                F.concat(
-                    F.lit(f"group column {name!r} is "),
-                    F.length(group).cast("string"),
-                    F.lit(f" characters, over {GROUP_MAX_LENGTH}"),
-                ),
-            ),
-            (F.instr(group, "\x00") > 0, F.lit(f"group column {name!r} contains a NUL character")),
-        ]
+        checks += _text_checks(group, f"group column {name!r}", GROUP_MAX_LENGTH)
         # seq: taken on the rows as read, before any shuffle: (the read
         # partition, the row's place in it), so in each file's own order.
         extra += [

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from types import FrameType
 from typing import Any
 
 from django.core.checks import Tags
@@ -81,6 +84,24 @@ class Command(BaseCommand):
             help="Address the metrics server listens on (default: DELAYQ['METRICS_ADDRESS']).",
         )
 
+    def execute(self, *args: Any, **options: Any) -> Any:
+        """Run the command; a SIGTERM or SIGINT that comes while it starts (its checks,
+        the worker's set-up) stops the worker as soon as it runs: it exits 0,
+        having claimed nothing, as a stop asked for a moment later would."""
+        self._stop_asked = False
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._ask_stop)
+        try:
+            return super().execute(*args, **options)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _ask_stop(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_asked = True
+
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         # The database checks need a connection (the server's version: E050).
@@ -102,6 +123,8 @@ class Command(BaseCommand):
         except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         worker.install_signal_handlers()
+        if self._stop_asked:
+            worker.stop()
         try:
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
