@@ -252,8 +252,12 @@ def lose_the_lock() -> None:
             pids = [
                 pid
                 for (pid,) in admin.execute(
+                    # Advisory locks belong to a database: another suite's run
+                    # on the same server holds its own.
                     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                    "AND objid = (hashtext(%s)::bigint & 4294967295)::oid",
+                    "AND objid = (hashtext(%s)::bigint & 4294967295)::oid "
+                    "AND database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database())",
                     [database.ARCHIVE_LOCK],
                 )
             ]
