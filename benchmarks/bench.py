@@ -150,11 +150,14 @@ def metrics(quick: bool) -> list[Metric]:
                ["memory", "--n", str(memory)]),
         Metric("memory_growth", f"worker RSS growth, {memory // 10:,} -> {memory:,} messages",
                "MiB", False, ["memory", "--n", str(memory)], "growth", ratios=False),
+        # In rounds too: how often a worker wakes for one message rather than
+        # a few depends on the machine's load, and so its CPU per message.
         *(Metric(f"cpu_{rate}", f"worker CPU per message at {rate:,} msg/s ({rate * s:,} in {s} s)",
-                 "CPU ms/msg", False, ["cpu", "--rate", str(rate), "--seconds", str(s)])
+                 "CPU ms/msg", False, ["cpu", "--rate", str(rate), "--seconds", str(s)],
+                 repeat=True)
           for rate, s in steady.items()),
         Metric("idle_cpu", f"idle worker CPU ({idle} s)", "% of a core", False,
-               ["idle", "--seconds", str(idle)]),
+               ["idle", "--seconds", str(idle)], repeat=True),
         Metric("startup_burst", f"one-shot worker start-up + exit, empty queue ({spawns} spawns)",
                "ms", False, ["startup_burst", "--n", str(spawns)], repeat=True),
         Metric("startup_first", f"start-up to first message, serving worker ({spawns} spawns)",
