@@ -36,6 +36,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,7 +182,9 @@ EVERYDAY = (
     "in the .json file beside this one. Idle CPU: the same worker with nothing to do, after "
     "its first message, in % of one core (one tick over 30 s is 0.03 %). Every worker under "
     "benchmark runs the probe's thread (benchmarks/systems/probe.py), which writes a small "
-    "file five times a second: the same cost for every system, included in these rows. "
+    "file five times a second: the same cost for every system, included in these rows (in "
+    "a bare Python process it is about 0.3 % of a core on a 2-core test machine: most of "
+    "the idle figure). "
     "One-shot start-up + exit: wall time from spawn to exit on an empty queue of "
     "`run_delayq --burst`, `procrastinate worker --one-shot`, `db_worker --batch "
     "--no-startup-delay`, PGQueuer's `QueueManager.run(mode=drain)` (about 4 s of which "
@@ -431,7 +434,8 @@ def chart(
         ax.barh(labels, values, color=shades)
         ax.invert_yaxis()
         better = "higher" if metric.higher_is_better else "lower"
-        ax.set_title(f"{metric.label}\n{metric.unit}, {better} is better", fontsize=9)
+        title = textwrap.fill(metric.label, 58)
+        ax.set_title(f"{title}\n{metric.unit}, {better} is better", fontsize=9)
         ax.tick_params(labelsize=8)
         for y, value in enumerate(values):
             ax.text(value, y, f" {fmt(value, metric.unit)}", va="center", fontsize=7)

@@ -121,14 +121,23 @@ class System:
 
 
 def worker_environment(system: System, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker process of ``system`` (probe off unless ``env`` sets it)."""
-    return {
+    """The environment of a worker process of ``system`` (probe off unless ``env`` sets it).
+
+    Workers write bytecode caches, as a deployment has them: with
+    PYTHONDONTWRITEBYTECODE inherited, every spawn would compile the
+    checkout's modules again (the project's, the benchmark's) while the
+    packages installed in a virtualenv come compiled, which would weigh on
+    the start-up rows unevenly.
+    """
+    full = {
         **os.environ,
         **system.worker_env,
         **(env or {}),
         "BENCH_DATABASE_URL": system.url,
         "PYTHONPATH": str(ROOT),
     }
+    full.pop("PYTHONDONTWRITEBYTECODE", None)
+    return full
 
 
 class Workers:
