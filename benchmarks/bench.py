@@ -1,7 +1,7 @@
 """Side-by-side benchmark: the physical limit, django-delayq and its peers.
 
-    make bench                      # full run (30-45 minutes on 2 cores)
-    make bench ARGS=--quick         # small sizes, for development (about 6 minutes)
+    make bench                      # full run (about two hours on 2 cores)
+    make bench ARGS=--quick         # small sizes, for development (about 35 minutes)
     make bench ARGS="--baseline origin/main"   # and the code of another commit beside it
     .venv/bin/python -m benchmarks.bench [--quick] [--systems delayq raw-one ...]
                                          [--metrics process_c1 latency ...]
