@@ -40,9 +40,10 @@ django6:
 chaos: ; .venv/bin/python -m tests.chaos.harness $(ARGS)
 
 # Side by side with the physical limit and the peers (benchmarks/bench.py):
-# about an hour (short metrics run three times, the 100,000-message memory
-# runs of the slower peers take the longest); `make bench ARGS=--quick` takes
-# about 10 minutes. The PostgreSQL server is BENCH_POSTGRES, or the one
+# about two hours (short metrics run three times, the 100,000-message memory
+# runs of the slower peers take long; the everyday-cost rows, CPU at 20, 200
+# and 1,000 msg/s, idle CPU and start-up, add about an hour, in rounds too);
+# `make bench ARGS=--quick` takes about 35 minutes, 25 of them for those rows. The PostgreSQL server is BENCH_POSTGRES, or the one
 # scripts/ensure-postgres.sh finds or starts (as for the tests).
 bench:
 	test -x .venv/bin/python || python3 -m venv .venv

@@ -1,7 +1,7 @@
 """Side-by-side benchmark: the physical limit, django-delayq and its peers.
 
-    make bench                      # full run (30-45 minutes on 2 cores)
-    make bench ARGS=--quick         # small sizes, for development (about 6 minutes)
+    make bench                      # full run (about two hours on 2 cores)
+    make bench ARGS=--quick         # small sizes, for development (about 35 minutes)
     make bench ARGS="--baseline origin/main"   # and the code of another commit beside it
     .venv/bin/python -m benchmarks.bench [--quick] [--systems delayq raw-one ...]
                                          [--metrics process_c1 latency ...]
@@ -16,10 +16,15 @@ django-tasks with django-tasks-db, PGQueuer, the hand-written ORM loop) run in
 their own virtualenv, ``benchmarks/.venv-peers``, created and upgraded to the
 latest releases on PyPI by this command (``--no-install`` skips the upgrade).
 
+Besides throughput, latency and memory, the everyday costs of a worker:
+its CPU per message at 20, 200 and 1,000 messages/s, its CPU when idle, and
+its start-up (a one-shot run on an empty queue; a serving worker up to its
+first message).
+
 Prints one table (metric x system, with django-delayq's ratio to the
 physical limit and to the best peer) and writes it, with the machine, the
 versions and the date, to ``benchmarks/results/`` as Markdown and as a PNG
-chart. It prints; it never asserts.
+chart, and every result in full as JSON. It prints; it never asserts.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +117,11 @@ def metrics(quick: bool) -> list[Metric]:
     claim = 1_000 if quick else 2_000
     big = 100_000 if quick else 1_000_000
     memory = 10_000 if quick else 100_000
+    # Everyday costs: seconds at each steady rate (a few thousand messages at
+    # full size), the idle window, and the spawns behind each start-up figure.
+    steady = {20: 10, 200: 5, 1000: 3} if quick else {20: 60, 200: 30, 1000: 10}
+    idle = 10 if quick else 30
+    spawns = 3 if quick else 5
     return [
         Metric("enqueue_one", f"enqueue, one per transaction ({one:,})", "msg/s", True,
                ["enqueue_one", "--n", str(one)], repeat=True),
@@ -140,7 +151,55 @@ def metrics(quick: bool) -> list[Metric]:
                ["memory", "--n", str(memory)]),
         Metric("memory_growth", f"worker RSS growth, {memory // 10:,} -> {memory:,} messages",
                "MiB", False, ["memory", "--n", str(memory)], "growth", ratios=False),
+        # In rounds too: how often a worker wakes for one message rather than
+        # a few depends on the machine's load, and so its CPU per message.
+        *(Metric(f"cpu_{rate}", f"worker CPU per message at {rate:,} msg/s ({rate * s:,} in {s} s)",
+                 "CPU ms/msg", False, ["cpu", "--rate", str(rate), "--seconds", str(s)],
+                 repeat=True)
+          for rate, s in steady.items()),
+        Metric("idle_cpu", f"idle worker CPU ({idle} s)", "% of a core", False,
+               ["idle", "--seconds", str(idle)], repeat=True),
+        Metric("startup_burst", f"one-shot worker start-up + exit, empty queue ({spawns} spawns)",
+               "ms", False, ["startup_burst", "--n", str(spawns)], repeat=True),
+        Metric("startup_first", f"start-up to first message, serving worker ({spawns} spawns)",
+               "ms", False, ["startup_first", "--n", str(spawns)], repeat=True),
     ]  # fmt: skip
+
+
+EVERYDAY_KEYS = ("cpu_20", "cpu_200", "cpu_1000", "idle_cpu", "startup_burst", "startup_first")
+EVERYDAY = (
+    "Everyday costs (the CPU, idle and start-up rows; benchmarks/systems/common.py): one "
+    "serving worker process, concurrency 1, no-op handler (django-delayq: `run_delayq`, "
+    "woken by LISTEN/NOTIFY). CPU per message: once the worker has run a first message (and "
+    "1 s later), the runner enqueues messages one per transaction at the steady rate (a "
+    "monotonic schedule; the runner's own CPU is not counted), waits until the worker has "
+    "started the last one, and divides the worker process's CPU time over that window "
+    "(utime + stime of all its threads and of any child process, from /proc/<pid>/stat, in "
+    "1/100 s ticks) by the messages. A cell says `sent N/s` when the runner reached less "
+    "than 95 % of the rate, and `N s behind` when the last message started more than 1.5 s "
+    "after its enqueue: the worker did not keep up, and the figure includes its catching "
+    "up; the achieved rate, the messages processed when the enqueuing ended and the lag are "
+    "in the .json file beside this one. Idle CPU: the same worker with nothing to do, after "
+    "its first message, in % of one core (one tick over 30 s is 0.03 %). Every worker under "
+    "benchmark runs the probe's thread (benchmarks/systems/probe.py), which writes a small "
+    "file five times a second: the same cost for every system, included in these rows (in a "
+    "bare Python process it is about 0.3 % of a core on a 2-core test machine: most of the "
+    "idle figure). One-shot start-up + exit: wall time from spawn to exit on an empty queue "
+    "of `run_delayq --burst`, `procrastinate worker --one-shot`, `db_worker --batch "
+    "--no-startup-delay`, PGQueuer's `QueueManager.run(mode=drain)` (about 4 s of which is "
+    "its shutdown) and the raw loops' `--burst`; the ORM loop has no one-shot mode. "
+    "Start-up to first message: from spawning a serving worker to its handler's start, with "
+    "one message due. Start-up figures are the median of the spawns (after one not counted) "
+    "and of the rounds; django-delayq's worker loads the test suite's settings (admin, "
+    "auth, sessions... apps: roughly 0.1 s of its start-up on a 2-core test machine), the "
+    "Django peers only their own apps. The raw loops poll every 10 ms: their CPU at a "
+    "steady rate and idle is the polling's and no floor, so n/a. django-delayq runs with "
+    "the benchmark settings (POLL_INTERVAL 1 s, pruning off: benchmarks/settings.py), the "
+    "peers with their defaults (procrastinate and PGQueuer listen and also poll; "
+    "django-tasks-db and the ORM loop poll once a second when idle, so at a low rate they "
+    "run the messages of a second in one go: less CPU per message, for the pickup latency "
+    "of the rows above)."
+)
 
 
 def ensure_peers(install: bool) -> None:
@@ -263,7 +322,17 @@ def fmt(value: float | None, unit: str) -> str:
         return "n/a"
     if unit == "ms" or unit == "MiB":
         return f"{value:,.1f}"
+    if unit == "CPU ms/msg" or unit == "% of a core":
+        return f"{value:,.2f}"
     return f"{value:,.0f}"
+
+
+def cell(result: dict[str, Any], unit: str, field: str = "value") -> str:
+    """A table cell: the figure, and what the measurement flagged (a rate not reached...)."""
+    if "error" in result:
+        return "error"
+    text = fmt(result.get(field), unit)
+    return f"{text} ({result['flag']})" if result.get("flag") else text
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -312,12 +381,8 @@ def build_table(
         values: dict[str, float | None] = {}
         for spec in systems:
             result = results.get((spec.key, metric.key), {})
-            value = result.get(metric.field)
-            values[spec.key] = value
-            if "error" in result:
-                row.append("error")
-            else:
-                row.append(fmt(value, metric.unit))
+            values[spec.key] = result.get(metric.field)
+            row.append(cell(result, metric.unit, metric.field))
         limit = _best(values, [s.key for s in systems if s.limit], metric.higher_is_better)
         peer = _best(values, [s.key for s in systems if s.peer], metric.higher_is_better)
         if metric.ratios:
@@ -371,7 +436,8 @@ def chart(
         ax.barh(labels, values, color=shades)
         ax.invert_yaxis()
         better = "higher" if metric.higher_is_better else "lower"
-        ax.set_title(f"{metric.label}\n{metric.unit}, {better} is better", fontsize=9)
+        title = textwrap.fill(metric.label, 58)
+        ax.set_title(f"{title}\n{metric.unit}, {better} is better", fontsize=9)
         ax.tick_params(labelsize=8)
         for y, value in enumerate(values):
             ax.text(value, y, f" {fmt(value, metric.unit)}", va="center", fontsize=7)
@@ -439,7 +505,7 @@ def main() -> None:
                 print(f"{spec.key:>16}  {label:<56}", end=" ", flush=True)
                 result = run_one(spec, metric, args.timeout)
                 runs[spec.key].append(result)
-                shown = result.get("error") or fmt(result.get("value"), metric.unit)
+                shown = result.get("error") or cell(result, metric.unit)
                 print(f"{shown}  ({result.get('seconds', 0):.0f} s)", flush=True)
         for spec in todo:
             cache[(spec.key, tuple(metric.args))] = median_run(runs[spec.key], metric.field)
@@ -470,21 +536,38 @@ def main() -> None:
         "Ratios: django-delayq divided by the best raw loop (the physical limit) and by the "
         "best peer, with Django's default connection settings and then with prepared "
         "statements (`DATABASES[...]['OPTIONS'] = {'server_side_binding': True, "
-        "'prepare_threshold': 5}`); above 1 means more for msg/s, and worse for ms and MiB. "
+        "'prepare_threshold': 5}`); above 1 means more for msg/s, and worse for the other "
+        "units (ms, MiB, CPU ms/msg, % of a core: lower is better). "
         "The raw loops, procrastinate and PGQueuer use psycopg's prepared statements by "
         "default; django-tasks-db and the ORM loop run with Django's defaults. n/a: the "
         "system has no such mode (see benchmarks/systems/). Throughput is counted from the "
         "first handler start to the last, so process start-up is left out. A median was "
         "measured in rounds over all systems.",
+        *(["", EVERYDAY] if any(m.key in EVERYDAY_KEYS for m in mets) else []),
         "",
         f"![chart]({name}.png)",
         "",
     ]
     (RESULTS / f"{name}.md").write_text("\n".join(notes))
+    # Every figure's whole result (achieved rates, lags, the runs of a median...).
+    (RESULTS / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "title": title,
+                "command": sys.argv[1:],
+                "systems": {s.key: s.label for s in systems},
+                "results": [
+                    {"system": system, "metric": metric, **result}
+                    for (system, metric), result in results.items()
+                ],
+            },
+            indent=1,
+        )
+    )
     errors = {k: v["error"] for k, v in cache.items() if "error" in v}
     for (system, work), error in errors.items():
         print(f"error: {system} {' '.join(work)}: {error}")
-    print(f"\nwritten: {(RESULTS / name).relative_to(ROOT)}.md and .png")
+    print(f"\nwritten: {(RESULTS / name).relative_to(ROOT)}.md, .png and .json")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ quickly, and start a worker process; the measurements themselves live here,
 once, so every system is timed by the same code:
 
     python -m benchmarks.systems.<name> <metric> [--n N] [--backlog N] ...
+    python -m benchmarks.systems.<name> cpu --rate R --seconds S
+    python -m benchmarks.systems.<name> {idle --seconds S | startup_burst | startup_first}
 
 prints one JSON line with the figure. The runner (``benchmarks/bench.py``)
 starts one such process per system and metric, each on a freshly created
@@ -90,6 +92,10 @@ class System:
         """A command that runs one worker process over ``queue``."""
         raise NotImplementedError
 
+    def burst_command(self, queue: str = "noop") -> list[str] | None:
+        """A one-shot worker: runs what is due, then exits (None: the system has none)."""
+        return None
+
     def processed_ok(self, n: int, queue: str) -> int:
         """How many of the ``queue`` messages are recorded as done (a sanity check)."""
         raise NotImplementedError
@@ -98,6 +104,10 @@ class System:
         """Release connections opened by ``enqueue_one``/``enqueue_batch``."""
 
     def supports(self, metric: str, concurrency: int = 1) -> bool:
+        """Whether ``metric`` means something for this system (False: n/a in the table).
+
+        ``startup_burst`` is also n/a wherever :meth:`burst_command` is None.
+        """
         return True
 
     # -- shared helpers --------------------------------------------------------
@@ -108,6 +118,26 @@ class System:
 
     def analyze(self) -> None:
         self.sql("VACUUM ANALYZE")
+
+
+def worker_environment(system: System, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker process of ``system`` (probe off unless ``env`` sets it).
+
+    Workers write bytecode caches, as a deployment has them: with
+    PYTHONDONTWRITEBYTECODE inherited, every spawn would compile the
+    checkout's modules again (the project's, the benchmark's) while the
+    packages installed in a virtualenv come compiled, which would weigh on
+    the start-up rows unevenly.
+    """
+    full = {
+        **os.environ,
+        **system.worker_env,
+        **(env or {}),
+        "BENCH_DATABASE_URL": system.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    full.pop("PYTHONDONTWRITEBYTECODE", None)
+    return full
 
 
 class Workers:
@@ -123,17 +153,12 @@ class Workers:
         env: dict[str, str] | None = None,
     ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="delayq-bench-"))
-        full_env = {
-            **os.environ,
-            **system.worker_env,
-            **(env or {}),
-            "BENCH_PROBE_DIR": str(self.dir),
-            "BENCH_DATABASE_URL": system.url,
-            "PYTHONPATH": str(ROOT),
-        }
+        full_env = worker_environment(system, {**(env or {}), "BENCH_PROBE_DIR": str(self.dir)})
         command = system.worker_command(concurrency=concurrency, queue=queue)
         # Logs go to files: a full pipe would stall a chatty worker.
         self.logs = [(self.dir / f"worker-{i}.log").open("wb") for i in range(processes)]
+        #: time.monotonic() just before the first spawn (the probe's clock).
+        self.spawned = time.monotonic()
         self.procs = [
             subprocess.Popen(command, env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             for log in self.logs
@@ -322,14 +347,212 @@ def measure_delayed(system: System, samples: int) -> dict[str, Any]:
     return {"value": statistics.median(late), "p95": p95, "unit": "ms"}
 
 
+# -- everyday costs: CPU at a steady rate, idle CPU, start-up ---------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+#: Between the worker's first message and the start of a CPU window: what a
+#: worker does once after its first message (flushing an ack, starting the
+#: probe's thread) is left out.
+SETTLE = 1.0
+#: A worker kept up with the rate if the last message started within this
+#: many seconds of its enqueue. The pollers (django-tasks-db, the ORM loop)
+#: look for work once a second when they find none, so their last message
+#: can start up to a second late while they keep up on average.
+KEPT_UP_S = 1.5
+
+
+def _proc_stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, utime + stime + cutime + cstime in clock ticks) from /proc/<pid>/stat."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The fields after the command name, which may hold spaces and parentheses:
+    # [0] is field 3 (state), so field k of proc(5) is [k - 3].
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), sum(int(tick) for tick in fields[11:15])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time used so far by process ``pid`` and its descendants, in seconds.
+
+    /proc/<pid>/stat counts every thread of a process (utime + stime) and
+    the children it has waited for (cutime + cstime); the live descendants
+    (a worker that runs child processes) are added from their own stat.
+    """
+    stats: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (found := _proc_stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = found
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(child)
+    ticks, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        if current in stats:
+            ticks += stats[current][1]
+        todo += children.get(current, [])
+    return ticks / _TICK
+
+
+def _warm_worker(system: System) -> Workers:
+    """One serving worker (concurrency 1) that has processed a first message."""
+    workers = Workers(system, processes=1, concurrency=1)
+    try:
+        system.enqueue_one(-1)
+        workers.wait_for(1, 120)
+        time.sleep(SETTLE)
+    except BaseException:
+        workers.stop()
+        raise
+    return workers
+
+
+def measure_cpu(system: System, rate: float, seconds: float) -> dict[str, Any]:
+    """The serving worker's CPU milliseconds per message at a steady enqueue rate.
+
+    After a first message, this process enqueues ``rate * seconds`` no-op
+    messages one per transaction on a monotonic schedule (a late one is
+    caught up, not carried forward as drift), waits until the worker has
+    started the last of them, and divides the worker process's CPU time over
+    that window (every thread, and any child process) by the messages. This
+    process's own CPU (the enqueuing) is not counted.
+    """
+    system.install()
+    n = max(1, round(rate * seconds))
+    workers = _warm_worker(system)
+    try:
+        pid = workers.procs[0].pid
+        cpu_before = cpu_seconds(pid)
+        start = due = time.monotonic()
+        for i in range(n):
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            system.enqueue_one(i)
+            due += 1 / rate
+        sent = time.monotonic()
+        # As the probe file showed when the enqueuing ended (written every 0.2 s).
+        processed_at_end = workers.count() - 1
+        probes = workers.wait_for(n + 1, 300 + seconds)
+        end = time.monotonic()
+        cpu = cpu_seconds(pid) - cpu_before
+    finally:
+        workers.stop()
+        system.close()
+    achieved = n / (sent - start)
+    # The last handler start after the last enqueue: a pickup latency when
+    # the worker kept up, how far behind it was when it did not.
+    behind = max(0.0, max(p["last"] for p in probes if p["last"] is not None) - sent)
+    kept_up = behind <= KEPT_UP_S
+    flags = []
+    if achieved < 0.95 * rate:
+        flags.append(f"sent {achieved:,.0f}/s")
+    if not kept_up:
+        flags.append(f"{behind:.1f} s behind")
+    return {
+        "value": cpu * 1000 / n,
+        "unit": "ms/msg",
+        "messages": n,
+        "rate": rate,
+        "achieved_rate": achieved,
+        "processed_at_end": processed_at_end,
+        "behind_s": behind,
+        "kept_up": kept_up,
+        "cpu_s": cpu,
+        "window_s": end - start,
+        "cpu_percent": cpu / (end - start) * 100,
+        **({"flag": "; ".join(flags)} if flags else {}),
+    }
+
+
+def measure_idle(system: System, seconds: float) -> dict[str, Any]:
+    """The serving worker's CPU, in % of one core, with nothing to do (after a first message)."""
+    system.install()
+    workers = _warm_worker(system)
+    try:
+        pid = workers.procs[0].pid
+        cpu_before = cpu_seconds(pid)
+        start = time.monotonic()
+        time.sleep(seconds)
+        cpu = cpu_seconds(pid) - cpu_before
+        window = time.monotonic() - start
+    finally:
+        workers.stop()
+        system.close()
+    return {"value": cpu / window * 100, "unit": "%", "cpu_s": cpu, "window_s": window}
+
+
+def _spread(times: list[float]) -> dict[str, Any]:
+    return {
+        "value": statistics.median(times),
+        "min": min(times),
+        "max": max(times),
+        "runs_ms": [round(t, 1) for t in times],
+        "unit": "ms",
+    }
+
+
+def measure_startup_burst(system: System, runs: int) -> dict[str, Any]:
+    """Wall time from spawning the system's one-shot worker to its exit, on an empty queue.
+
+    The median of ``runs``; one run before them (not counted) warms the
+    operating system's caches and writes any bytecode caches.
+    """
+    command = system.burst_command()
+    assert command is not None
+    system.install()
+    env = worker_environment(system)
+    times = []
+    for i in range(runs + 1):
+        start = time.monotonic()
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=300)
+        elapsed = time.monotonic() - start
+        if done.returncode:
+            tail = (done.stderr or done.stdout).decode(errors="replace")[-3000:]
+            raise RuntimeError(f"one-shot worker exited with {done.returncode}:\n{tail}")
+        if i:
+            times.append(elapsed * 1000)
+    return _spread(times)
+
+
+def measure_startup_first(system: System, runs: int) -> dict[str, Any]:
+    """Wall time from spawning a serving worker to its handler's first start.
+
+    One message is due before each spawn; the handler's start is the
+    probe's monotonic time stamp. The median of ``runs``; one run before
+    them (not counted) warms the caches.
+    """
+    system.install()
+    times = []
+    for i in range(runs + 1):
+        system.enqueue_one(i)
+        workers = Workers(system, processes=1, concurrency=1)
+        try:
+            probes = workers.wait_for(1, 120)
+        finally:
+            workers.stop()
+        first = min(p["first"] for p in probes if p["first"] is not None)
+        if i:
+            times.append((first - workers.spawned) * 1000)
+    system.close()
+    return _spread(times)
+
+
 def main(factory: Callable[[str], System]) -> None:
     """The command line of an adapter module: one metric, one JSON line."""
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "metric",
-        choices=["enqueue_one", "enqueue_batch", "process", "latency", "delayed", "memory"],
-    )
-    parser.add_argument("--n", type=int, default=10_000)
+        choices=[
+            "enqueue_one", "enqueue_batch", "process", "latency", "delayed", "memory",
+            "cpu", "idle", "startup_burst", "startup_first",
+        ],
+    )  # fmt: skip
+    parser.add_argument("--n", type=int, default=10_000, help="messages, samples or runs")
+    parser.add_argument("--rate", type=float, default=200, help="cpu: messages per second")
+    parser.add_argument("--seconds", type=float, default=30, help="cpu, idle: the window")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--queue", default="noop")
@@ -338,7 +561,9 @@ def main(factory: Callable[[str], System]) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
     system = factory(fresh_database(args.db))
-    if not system.supports(args.metric, args.concurrency):
+    if not system.supports(args.metric, args.concurrency) or (
+        args.metric == "startup_burst" and system.burst_command() is None
+    ):
         print(json.dumps({"value": None, "note": "n/a"}))
         return
     try:
@@ -359,6 +584,14 @@ def main(factory: Callable[[str], System]) -> None:
             result = measure_latency(system, args.n)
         elif args.metric == "delayed":
             result = measure_delayed(system, args.n)
+        elif args.metric == "cpu":
+            result = measure_cpu(system, args.rate, args.seconds)
+        elif args.metric == "idle":
+            result = measure_idle(system, args.seconds)
+        elif args.metric == "startup_burst":
+            result = measure_startup_burst(system, args.n)
+        elif args.metric == "startup_first":
+            result = measure_startup_first(system, args.n)
         else:
             result = measure_memory(system, args.n)
     finally:

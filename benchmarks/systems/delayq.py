@@ -75,6 +75,9 @@ class DelayQ(System):
             "--queue", queue, "--concurrency", str(concurrency), "-v0",
         ]  # fmt: skip
 
+    def burst_command(self, queue: str = "noop") -> list[str] | None:
+        return [*self.worker_command(concurrency=1, queue=queue), "--burst"]
+
     def processed_ok(self, n: int, queue: str) -> int:
         from django_delayq.models import Message
 

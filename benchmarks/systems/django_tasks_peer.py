@@ -3,7 +3,8 @@
     benchmarks/.venv-peers/bin/python -m benchmarks.systems.django_tasks_peer <metric> ...
 
 ``db_worker`` runs one task at a time (no concurrency option): the
-concurrency-4 row is not applicable; two processes are.
+concurrency-4 row is not applicable; two processes are. Its one-shot mode
+is ``db_worker --batch``.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class DjangoTasks(System):
             sys.executable, "-m", "django", "db_worker",
             "--queue-name", queue, "--no-startup-delay",
         ]  # fmt: skip
+
+    def burst_command(self, queue: str = "noop") -> list[str] | None:
+        # --batch: process what is outstanding, then exit (and, as in the
+        # serving mode, without db_worker's random start-up sleep).
+        return [*self.worker_command(concurrency=1, queue=queue), "--batch"]
 
     def processed_ok(self, n: int, queue: str) -> int:
         from django.db import connection

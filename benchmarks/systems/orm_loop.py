@@ -4,7 +4,8 @@
     benchmarks/.venv-peers/bin/python -m benchmarks.systems.orm_loop worker --queue Q
 
 One job per transaction (claim, run, delete), threads for concurrency, and
-a one-second sleep when the queue is empty (no LISTEN/NOTIFY).
+a one-second sleep when the queue is empty (no LISTEN/NOTIFY). It has no
+one-shot mode: the burst start-up row is not applicable.
 """
 
 from __future__ import annotations

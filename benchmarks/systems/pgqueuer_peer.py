@@ -1,11 +1,13 @@
 """PGQueuer (psycopg driver): ``Queries.enqueue`` and a ``QueueManager`` worker.
 
     benchmarks/.venv-peers/bin/python -m benchmarks.systems.pgqueuer_peer <metric> ...
-    benchmarks/.venv-peers/bin/python -m benchmarks.systems.pgqueuer_peer worker --queue Q
+    benchmarks/.venv-peers/bin/python -m benchmarks.systems.pgqueuer_peer worker --queue Q [--drain]
 
 Entrypoints are coroutines in one event loop that dequeues batches of 10
 (PGQueuer's default ``batch_size``) and runs a batch concurrently: there is
 no thread concurrency to set, so the concurrency-4 row is not applicable.
+Its one-shot mode is ``QueueManager.run(mode=QueueExecutionMode.drain)``
+(``worker --drain`` here): exit once the queue is empty.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class PGQueuer(System):
             "--queue", queue, "--concurrency", str(concurrency),
         ]  # fmt: skip
 
+    def burst_command(self, queue: str = "noop") -> list[str] | None:
+        return [*self.worker_command(concurrency=1, queue=queue), "--drain"]
+
     def processed_ok(self, n: int, queue: str) -> int:
         with psycopg.connect(self.url) as conn:
             row = conn.execute(
@@ -99,9 +104,10 @@ class PGQueuer(System):
             self._queries = None
 
 
-async def _work(queue: str, concurrency: int) -> None:
+async def _work(queue: str, concurrency: int, drain: bool = False) -> None:
     from pgqueuer import PsycopgDriver, Queries, QueueManager
     from pgqueuer.models import Job
+    from pgqueuer.types import QueueExecutionMode
 
     url = os.environ["BENCH_DATABASE_URL"]
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
@@ -116,7 +122,9 @@ async def _work(queue: str, concurrency: int) -> None:
             sink.execute("INSERT INTO bench_sink (n) VALUES (%s)", (job.id,))
 
     probe.ready()
-    await qm.run(batch_size=10)
+    mode = QueueExecutionMode.drain if drain else QueueExecutionMode.continuous
+    await qm.run(batch_size=10, mode=mode)
+    sink.close()
 
 
 def worker(argv: list[str]) -> None:
@@ -125,8 +133,9 @@ def worker(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queue", default="noop")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--drain", action="store_true", help="exit once the queue is empty")
     args = parser.parse_args(argv)
-    asyncio.run(_work(args.queue, args.concurrency))
+    asyncio.run(_work(args.queue, args.concurrency, args.drain))
 
 
 if __name__ == "__main__":

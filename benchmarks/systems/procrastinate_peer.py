@@ -63,6 +63,11 @@ class Procrastinate(System):
             "--queues", queue, "--concurrency", str(concurrency),
         ]  # fmt: skip
 
+    def burst_command(self, queue: str = "noop") -> list[str] | None:
+        # procrastinate 3: --one-shot is --wait's negative (wait=False):
+        # process what is there, then exit.
+        return [*self.worker_command(concurrency=1, queue=queue), "--one-shot"]
+
     def processed_ok(self, n: int, queue: str) -> int:
         with psycopg.connect(self.url) as conn:
             row = conn.execute(

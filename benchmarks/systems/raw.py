@@ -9,7 +9,13 @@ Two variants share the table and the enqueue paths:
   statement: the batched ack.
 
     python -m benchmarks.systems.raw {one|batch} <metric> --db NAME ...
-    python -m benchmarks.systems.raw {one|batch} worker --queue Q --concurrency C
+    python -m benchmarks.systems.raw {one|batch} worker --queue Q --concurrency C [--burst]
+
+With ``--burst`` a worker thread exits once a claim finds nothing: the floor
+of a one-shot worker's start-up (an interpreter, psycopg, a connection, a
+query). The CPU rows are not applicable: a loop that polls every 10 ms spends
+its CPU on the polling, which a worker woken by LISTEN/NOTIFY does not pay,
+so it is no floor there.
 """
 
 from __future__ import annotations
@@ -115,10 +121,14 @@ class Raw(System):
             ).fetchone()
         return n - (row[0] if row else 0)
 
+    def burst_command(self, queue: str = "noop") -> list[str] | None:
+        return [*self.worker_command(concurrency=1, queue=queue), "--burst"]
+
     def supports(self, metric: str, concurrency: int = 1) -> bool:
         # No wake-up mechanism: it polls every 10 ms, so the pickup of a new
-        # message says nothing; a delayed one shows what polling costs.
-        return metric != "latency"
+        # message says nothing; a delayed one shows what polling costs. For
+        # the same reason its CPU at a steady rate or idle is the polling's.
+        return metric not in ("latency", "cpu", "idle")
 
     def close(self) -> None:
         if self._conn is not None:
@@ -126,7 +136,7 @@ class Raw(System):
             self._conn = None
 
 
-def _work_loop(url: str, mode: str, queue: str) -> None:
+def _work_loop(url: str, mode: str, queue: str, burst: bool = False) -> None:
     atomic = queue == "write"
     with psycopg.connect(url) as conn:
         while True:
@@ -138,11 +148,15 @@ def _work_loop(url: str, mode: str, queue: str) -> None:
                         if atomic:
                             conn.execute("INSERT INTO raw_sink (n) VALUES (%s)", (row[0],))
                 if row is None:
+                    if burst:
+                        return
                     time.sleep(0.01)
                 continue
             with conn.transaction():
                 rows = conn.execute(CLAIM_BATCH, (queue,)).fetchall()
             if not rows:
+                if burst:
+                    return
                 time.sleep(0.01)
                 continue
             for row in rows:
@@ -160,11 +174,12 @@ def worker(mode: str, argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queue", default="noop")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--burst", action="store_true", help="exit once nothing is due")
     args = parser.parse_args(argv)
     url = os.environ["BENCH_DATABASE_URL"]
     probe.ready()
     threads = [
-        threading.Thread(target=_work_loop, args=(url, mode, args.queue), daemon=True)
+        threading.Thread(target=_work_loop, args=(url, mode, args.queue, args.burst), daemon=True)
         for _ in range(args.concurrency)
     ]
     for thread in threads:
