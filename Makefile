@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-pipeline chaos soak
+.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-pipeline bench-flow chaos soak
 
 venv:
 	scripts/dev.sh venv
@@ -64,6 +64,17 @@ soak:
 		.venv/bin/python -m benchmarks.soak $(ARGS)
 
 bench-admin: ; .venv/bin/python -m benchmarks.admin_1m $(ARGS)  # 1M rows on PostgreSQL: admin page times
+
+# What flow control costs (benchmarks/flow.py): draining with and without a
+# rate limit, a concurrency cap or ordered groups; one claim's time beside a
+# 100,000-message backlog held behind a blocked group or in a throttled queue;
+# the claims' plans. About 15 minutes on 2 cores; ARGS="--messages 2000
+# --repeat 1" for a quick look. Writes benchmarks/results/flow-<date>.json/.md.
+bench-flow:
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/python -m pip install -q -e '.[bench,test]'
+	BENCH_POSTGRES="$${BENCH_POSTGRES:-$$(scripts/ensure-postgres.sh | sed 's#/[^/]*$$##')}" \
+		.venv/bin/python -m benchmarks.flow $(ARGS)
 bench-pipeline: ; .venv/bin/python -m benchmarks.pipeline_1m $(ARGS)  # Spark enqueue/archive/report of 1M rows
 
 # The README's admin pictures, taken by the browser tests (SQLite, no server needed).

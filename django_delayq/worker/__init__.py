@@ -244,7 +244,7 @@ class Worker:
                 self.using,
                 max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),
                 on_lost=self._ack_lost,
-                on_group_done=self._group_done,
+                on_committed=self._acks_committed,
             )
         self.runner = Runner(
             self.book,
@@ -341,7 +341,7 @@ class Worker:
         if any(result in GROUP_DONE and getattr(item.row, "group", "") for item, result, _ in done):
             # Recorded, and the next message of the group let go (execute.py):
             # claim it now. (A batched success lets it go after its commit:
-            # the acknowledgement buffer calls _group_done then.)
+            # the acknowledgement buffer calls _acks_committed then.)
             wake = True
             self.claimer.something_due()
         for item, result, elapsed in done:
@@ -349,15 +349,20 @@ class Worker:
         if wake and self.claimer.waker is not None:
             self.claimer.waker.poke()
 
-    def _group_done(self) -> None:
-        """Grouped messages were acknowledged: the next ones of their groups are due."""
-        self.claimer.something_due()
-        if self.claimer.waker is not None:
-            self.claimer.waker.poke()
-
     def _wants(self, lane: Lane) -> int:
         """How many queued messages ``lane`` should hold (0 if nothing is due there)."""
         return self.claimer.batch_for(lane) if self.claimer.wants(lane) else 0
+
+    def _acks_committed(self, grouped: bool) -> None:
+        """A batch of acknowledgements committed: a lane under a global cap may have room,
+        and the next messages of the groups it finished are due."""
+        capped = any(s.cap is not None for lane in self.book.lanes for s in lane.limits)
+        if capped:
+            self.claimer.acks_committed()
+        if grouped:
+            self.claimer.something_due()
+        if (capped or grouped) and self.claimer.waker is not None:
+            self.claimer.waker.poke()
 
     def _ack_lost(self, message: Message) -> None:
         """A batched acknowledgement found the message claimed again."""

@@ -48,15 +48,16 @@ class AckBuffer:
         using: str,
         *,
         on_lost: Callable[[Message], None] | None = None,
-        on_group_done: Callable[[], None] | None = None,
+        on_committed: Callable[[bool], None] | None = None,
         max_delay: float,
         max_size: int = 500,
     ) -> None:
         self.using = using
-        # Told of a success whose message was claimed again meanwhile, and
-        # after a batch that finished grouped messages (the next ones of
-        # their groups are due now).
-        self.on_lost, self.on_group_done = on_lost, on_group_done
+        # Told of a success whose message was claimed again meanwhile, and of
+        # each batch committed (whether it finished grouped messages, whose
+        # groups' next messages are due now): until then its messages counted
+        # as running against a global cap.
+        self.on_lost, self.on_committed = on_lost, on_committed
         self.max_delay = max_delay
         self.max_size = max_size
         self._items: list[tuple[Message, uuid.UUID, float]] = []
@@ -143,8 +144,9 @@ class AckBuffer:
                 lease_lost(message)
                 if self.on_lost is not None:
                     self.on_lost(message)
-        if self.on_group_done is not None and any(m.group for m, _, _ in batch):
-            self.on_group_done()
+        if self.on_committed is not None:
+            # After the successes are recorded: each let its group's next go.
+            self.on_committed(any(m.group for m, _, _ in batch))
 
 
 def by_token(

@@ -110,6 +110,10 @@ class Claimer:
         self._due_now = False
         # When a claim last found work (monotonic): the coalescing window.
         self._worked_at = float("-inf")
+        # Batches of acknowledgements committed (bumped by the ack thread), and
+        # how many of them the claim loop has seen: see acks_committed.
+        self._acks = 0
+        self._acks_seen = 0
 
     def batch_for(self, lane: Lane) -> int:
         """How many messages the next claim of ``lane`` asks for.
@@ -131,6 +135,7 @@ class Claimer:
         if self._due_now:
             self._due_now = False
             self.undrain()
+        self._uncap_after_acks()
         paused = self.paused_now()
         for lane in self.book.lanes:
             queues = [q for q in lane.queues if q not in paused]
@@ -214,6 +219,27 @@ class Claimer:
         messages of groups it moved on)."""
         self._due_now = True
         self.forget_next_due()
+
+    def acks_committed(self) -> None:
+        """Batched acknowledgements were committed (called from the ack thread).
+
+        A finished message counts against a global cap until its
+        acknowledgement commits: a capped lane woken by its handler's end
+        may find no room yet, and must look again once the batch is in, not
+        ``CAP_RECHECK`` later. The claim loop un-caps its lanes at its next
+        round (a commit during a claim is seen by the round after it).
+        """
+        self._acks += 1
+
+    def _uncap_after_acks(self) -> None:
+        acks = self._acks
+        if acks == self._acks_seen:
+            return
+        self._acks_seen = acks
+        for lane in self.book.lanes:
+            if lane.capped:
+                lane.capped, lane.wake_at = False, None
+                self._drained.discard(id(lane))
 
     def undrain(self) -> None:
         """Claim from every lane at the next round (something may be due anywhere),

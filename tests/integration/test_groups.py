@@ -168,6 +168,25 @@ def test_the_claim_itself_keeps_the_order_when_no_message_is_held():
     assert claim() == []
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="a PostgreSQL plan")
+def test_the_claims_group_probes_use_the_group_index():
+    # Without "group <> ''" written out, PostgreSQL cannot use the partial
+    # delayq_group_idx for "is an earlier message of its group waiting?", and
+    # probes every row with a lower id instead: every older message of the
+    # table, for each grouped message the claim looks at.
+    from django.test.utils import CaptureQueriesContext
+
+    enqueue_many("default", [{}] * 3, group="g")
+    with CaptureQueriesContext(connection) as queries:
+        claim()
+    (statement,) = [q["sql"] for q in queries.captured_queries if "message_group" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + statement)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "delayq_group_idx" in plan, plan
+
+
 def test_an_earlier_message_run_again_waits_for_the_one_that_runs():
     enqueue("default", {}, key="old", group="g")
     old, token = claim_one()

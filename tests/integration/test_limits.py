@@ -16,8 +16,9 @@ from django_delayq.models import FlowStart, Message
 from django_delayq.registry import registry
 from django_delayq.store import changes
 from django_delayq.store.limits import claim_limited, starts_in_window
-from django_delayq.worker import make_lanes
-from tests.conftest import FakeClock
+from django_delayq.worker import claimer, make_lanes
+from django_delayq.worker.execute import Result
+from tests.conftest import FakeClock, finishes_within
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,6 +153,18 @@ def test_a_held_back_message_spends_no_attempt(fake_clock: FakeClock):
     assert claim([rate]).claim.messages == []
     waiting = Message.objects.get(status="pending")
     assert (waiting.attempt_count, waiting.last_error) == (0, "")
+
+
+def test_a_capped_lane_claims_again_as_soon_as_its_acknowledgements_commit(run_worker, monkeypatch):
+    # A finished message counts against the cap until its batched
+    # acknowledgement commits (ACK_DELAY): the lane, woken by the handler's end,
+    # may find no room yet, and must look again once the batch is in, not a
+    # recheck interval later (it was 250 ms: 16 messages a second at a cap of 4).
+    # Rechecks an hour apart: only the commit can wake the lane in time.
+    monkeypatch.setattr(claimer, "CAP_RECHECK", timedelta(hours=1))
+    enqueue_many("limited", [{}] * 20)
+    stats = finishes_within(120, lambda: run_worker(["limited"], concurrency=2))
+    assert stats[Result.SUCCEEDED] == 20
 
 
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time anyway")

@@ -169,11 +169,11 @@ def test_this_server_can_run_the_queue() -> None:
     assert server.version_problem(connection) is None
 
 
-def test_the_queue_and_key_columns_compare_exactly() -> None:
+def test_the_queue_key_and_group_columns_compare_exactly() -> None:
     assert server.collation_problems(connection) == []
     if features(connection).binary_text:
         collations = server.column_collations(connection)
-        assert set(collations) == {"queue", "key"}
+        assert set(collations) == {"queue", "key", "message_group"}
         assert all(server.exact_collation(c) for c in collations.values()), collations
         assert server.binary_collation(connection) in server.binary_columns_sql(connection)
 
