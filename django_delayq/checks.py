@@ -43,7 +43,12 @@ def _duration(value: Any) -> timedelta | None:
 def _check_value(name: str, value: Any, where: str) -> list[Error]:
     errors = []
     if name in DURATION_SETTINGS:
-        if value is None and name in ("PRUNE_INTERVAL", "TIME_LIMIT", "ACK_DELAY"):
+        if value is None and name in (
+            "PRUNE_INTERVAL",
+            "TIME_LIMIT",
+            "ACK_DELAY",
+            "DATABASE_OUTAGE_LIMIT",
+        ):
             return []
         td = _duration(value)
         if td is None:
@@ -292,6 +297,33 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
                     id="django_delayq.E030",
                 )
             )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_health(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``HEALTH_PORT`` / ``HEALTH_ADDRESS`` (E032): caught before a worker tries to listen."""
+    from django.conf import settings
+
+    from django_delayq.values import is_int_between
+
+    user = getattr(settings, "DELAYQ", {})
+    if not isinstance(user, dict):
+        return []  # E001 already says so
+    errors: list[Error | Warning] = []
+    port = user.get("HEALTH_PORT")
+    if port is not None and not is_int_between(port, 1, 65535):
+        errors.append(
+            Error(
+                f"DELAYQ: HEALTH_PORT must be a TCP port (1-65535) or None, got {port!r}",
+                id="django_delayq.E032",
+            )
+        )
+    address = user.get("HEALTH_ADDRESS", "")
+    if not isinstance(address, str):
+        errors.append(
+            Error(f"DELAYQ: HEALTH_ADDRESS must be a str, got {address!r}", id="django_delayq.E032")
+        )
     return errors
 
 

@@ -78,6 +78,19 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_ADDRESS": "0.0.0.0",
     # How often a worker samples queue depth and lag for its metrics.
     "METRICS_INTERVAL": timedelta(seconds=15),
+    # Serve /healthz (alive: the claim loop turns) and /readyz (ready: it
+    # reaches the database and records its heartbeat; 503 while starting,
+    # while the database is unreachable and once shutdown began) from
+    # run_delayq on this port, for a supervisor's probes; None: no health
+    # server. ``--health-port`` overrides.
+    "HEALTH_PORT": None,
+    # Address the health server listens on ("" or "0.0.0.0": every IPv4 one).
+    "HEALTH_ADDRESS": "0.0.0.0",
+    # How long a worker keeps reconnecting to an unreachable database before
+    # it stops and exits with status 75, so that its supervisor restarts it
+    # (or alerts); what it held comes back by lease expiry. None: reconnect
+    # for ever. ``--database-outage-limit`` overrides.
+    "DATABASE_OUTAGE_LIMIT": None,
     # Successes of non-atomic handlers are acknowledged together: one
     # compare-and-set statement per batch, committed at most this long after
     # the first of them finished (PostgreSQL). A longer delay means fewer
@@ -97,6 +110,7 @@ DURATION_SETTINGS = (
     "PRUNE_INTERVAL",
     "CRON_INSTALL_INTERVAL",
     "METRICS_INTERVAL",
+    "DATABASE_OUTAGE_LIMIT",
     "HEARTBEAT_INTERVAL",
     "WORKER_DEAD_AFTER",
     "TIME_LIMIT",

@@ -69,3 +69,14 @@ class MessageAbandoned(DelayQError):
     killed, or the message outlived its lease); this one stands for them in
     ``message_failed`` receivers.
     """
+
+
+class DatabaseUnreachable(DelayQError):
+    """A worker stopped because its database stayed unreachable past ``DATABASE_OUTAGE_LIMIT``.
+
+    Raised by ``Worker.run()`` once the worker has stopped; ``run_delayq``
+    exits with :attr:`exit_code` (75, ``EX_TEMPFAIL``: try again later), so a
+    supervisor tells it from a crash (1) or a usage error (2) and restarts it.
+    """
+
+    exit_code = 75

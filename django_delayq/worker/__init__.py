@@ -32,7 +32,9 @@ from django.db import DatabaseError, connections, reset_queries, router
 
 from django_delayq import liveness
 from django_delayq.conf import get_config, to_timedelta
+from django_delayq.exceptions import DatabaseUnreachable
 from django_delayq.flow import Scope, limits_of
+from django_delayq.health import Health, HealthServer
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.store import changes
@@ -52,6 +54,8 @@ logger = logging.getLogger("django_delayq.worker")
 RESCHEDULED = frozenset({Result.RETRYING, Result.SNOOZED})
 # Outcomes after which the next message of a group may be due (execute.py).
 GROUP_DONE = frozenset({Result.SUCCEEDED, Result.FAILED, Result.DISCARDED})
+# Reconnection backoff after a database error: 1 s, 2 s, ... up to this.
+MAX_BACKOFF = 30.0
 
 __all__ = ["Worker", "resolve_queues", "worker_name"]
 
@@ -137,6 +141,9 @@ class Worker:
         shutdown_grace: timedelta | float | None = None,
         metrics_port: int | None = None,
         metrics_address: str | None = None,
+        health_port: int | None = None,
+        health_address: str | None = None,
+        database_outage_limit: timedelta | float | None = None,
     ) -> None:
         config = get_config()
         self.queues = resolve_queues(queues)
@@ -151,6 +158,24 @@ class Worker:
         self.shutdown_grace = to_timedelta(
             config["SHUTDOWN_GRACE"] if shutdown_grace is None else shutdown_grace
         ).total_seconds()
+        outage = config["DATABASE_OUTAGE_LIMIT"]
+        if database_outage_limit is not None:
+            outage = database_outage_limit
+        #: Seconds of unreachable database after which run() gives up; None: never.
+        self.database_outage_limit = (
+            None if outage is None else to_timedelta(outage).total_seconds()
+        )
+        heartbeat = to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds()
+        self.health = Health(loop_period=self.poll_interval, heartbeat_interval=heartbeat)
+        self.health_server = None
+        port = config["HEALTH_PORT"] if health_port is None else health_port
+        if port:
+            self.health_server = HealthServer(
+                self.health,
+                port=int(port),
+                address=config["HEALTH_ADDRESS"] if health_address is None else health_address,
+                worker=self.name,
+            )
         specs = [s for q in self.queues for s in registry.for_queue(q)]
         default_lease = to_timedelta(config["LEASE"])
         leases = {(s.queue, s.kind): s.effective_lease() for s in specs}
@@ -176,10 +201,11 @@ class Worker:
             using=self.using,
             leases=[*leases.values(), default_lease],
             time_limits=[t for t in time_limits.values() if t is not None],
-            heartbeat_interval=to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds(),
+            heartbeat_interval=heartbeat,
             replace_executor=lambda thread: self.runner.replace(thread),
             processed=self._processed,
             on_database_error=self._database_error,
+            on_heartbeat=self.health.beat,
         )
         self.runner: Runner  # built by run(): its acknowledgements need the connection
         self._force = False
@@ -225,6 +251,7 @@ class Worker:
 
     def stop(self) -> None:
         """Stop claiming; running handlers get the grace period to finish."""
+        self.health.stopping(self.shutdown_grace)
         self.book.stop()
         if self.claimer.waker is not None:
             self.claimer.waker.poke()
@@ -235,6 +262,13 @@ class Worker:
         config = get_config()
         if self.metrics is not None:
             self.metrics.start(self.name)
+        if self.health_server is not None:
+            try:
+                self.health_server.start()
+            except ImproperlyConfigured:
+                if self.metrics is not None:
+                    self.metrics.stop()
+                raise
         waker = self.claimer.waker = Waker(
             self.using, self.queues, listen=config["NOTIFY"] and not self.burst
         )
@@ -264,6 +298,7 @@ class Worker:
         )
         try:
             self.keeper.register()
+            self.health.beat()
         except DatabaseError:
             logger.warning("could not record this worker's heartbeat yet", exc_info=True)
             connections[self.using].close()
@@ -273,16 +308,19 @@ class Worker:
         # --burst: once nothing is held, one more claim of every lane (drained
         # or not) must find nothing before the worker exits.
         last_look = False
+        gave_up = False
         try:
             while not self.book.stopping:
                 # DEBUG's query log is per thread and per connection: each of
                 # the worker's threads empties its own.
                 reset_queries()
+                self.health.turned()
                 try:
                     if self.metrics is not None:
                         self.metrics.loop()
                     self.maintenance.run_due()
                     claimed = self.claimer.claim_round()
+                    self.health.reached_database()
                     if errors:
                         logger.warning(
                             "database reachable again after %d failed attempt(s)", errors
@@ -304,11 +342,21 @@ class Worker:
                     self.claimer.idle_wait()
                 except DatabaseError:
                     # Lost connection, restarted server, failover: reconnect
-                    # with a capped exponential backoff; the worker never
-                    # exits for it, and what it holds stays leased meanwhile.
+                    # with a capped exponential backoff, and what it holds
+                    # stays leased meanwhile; past DATABASE_OUTAGE_LIMIT (if
+                    # set) stop instead, for the supervisor to restart.
                     errors += 1
                     self._database_error()
-                    backoff = min(30.0, 0.5 * 2 ** min(errors, 6))
+                    self.health.database_failed()
+                    backoff = min(MAX_BACKOFF, 0.5 * 2 ** min(errors, 6))
+                    if self.database_outage_limit is not None:
+                        left = self.database_outage_limit - self.health.outage()
+                        if left <= 0:
+                            gave_up = True
+                            self._give_up(errors)
+                            break
+                        backoff = min(backoff, left)
+                    self.health.turned(pause=backoff)
                     logger.warning(
                         "database error while claiming; reconnecting in %.1f s",
                         backoff,
@@ -320,7 +368,32 @@ class Worker:
             self._shutdown(acks)
             if self.metrics is not None:
                 self.metrics.stop()
+            if self.health_server is not None:
+                self.health_server.stop()
+        if gave_up:
+            raise DatabaseUnreachable(
+                f"the database stayed unreachable for over {self.database_outage_limit:g} s "
+                "(DATABASE_OUTAGE_LIMIT)"
+            )
         return self.stats
+
+    def _give_up(self, errors: int) -> None:
+        """Stop for good after the database stayed unreachable past the limit.
+
+        Nothing can be acknowledged or released without the database: the
+        shutdown tries, and what it cannot hand back returns to the queue
+        when its lease expires (or sooner, when live workers see this one's
+        heartbeat stop).
+        """
+        logger.error(
+            "database unreachable for %.1f s (%d failed attempt(s)), over "
+            "DATABASE_OUTAGE_LIMIT (%g s): stopping, exit status %d",
+            self.health.outage(),
+            errors,
+            self.database_outage_limit,
+            DatabaseUnreachable.exit_code,
+        )
+        self.stop()
 
     # -- callbacks of the parts -----------------------------------------------
 

@@ -50,6 +50,7 @@ class Keeper:
         replace_executor: Callable[[threading.Thread | None], None],
         processed: Callable[[InFlight, str, float], None],
         on_database_error: Callable[[], None],
+        on_heartbeat: Callable[[], None] = lambda: None,
     ) -> None:
         self.book = book
         self.name = name
@@ -66,6 +67,7 @@ class Keeper:
         self._replace_executor = replace_executor
         self._processed = processed
         self._on_database_error = on_database_error
+        self._on_heartbeat = on_heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="delayq-keeper", daemon=True)
 
@@ -97,6 +99,7 @@ class Keeper:
                         next_beat = now + self.heartbeat_interval
                         if not liveness.beat(self.name, using=self.using):
                             self.register()
+                        self._on_heartbeat()
                 except DatabaseError:
                     logger.warning(
                         "could not extend leases or record the heartbeat; reconnecting",

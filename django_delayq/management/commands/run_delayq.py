@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
+from django_delayq.exceptions import DatabaseUnreachable
 from django_delayq.models import Message
 from django_delayq.worker import Worker
 
@@ -32,6 +33,16 @@ def port_number(value: str) -> int:
     if number > 65535:
         raise CommandError(f"expected a TCP port (1-65535), got {value!r}")
     return number
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise CommandError(f"expected a number of seconds, got {value!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise CommandError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
 
 
 class Command(BaseCommand):
@@ -83,6 +94,25 @@ class Command(BaseCommand):
             default=None,
             help="Address the metrics server listens on (default: DELAYQ['METRICS_ADDRESS']).",
         )
+        parser.add_argument(
+            "--health-port",
+            type=port_number,
+            default=None,
+            help="Serve /healthz and /readyz on this port (default: DELAYQ['HEALTH_PORT']).",
+        )
+        parser.add_argument(
+            "--health-address",
+            default=None,
+            help="Address the health server listens on (default: DELAYQ['HEALTH_ADDRESS']).",
+        )
+        parser.add_argument(
+            "--database-outage-limit",
+            type=positive_seconds,
+            default=None,
+            metavar="SECONDS",
+            help="Exit with status 75 once the database has been unreachable this long "
+            "(default: DELAYQ['DATABASE_OUTAGE_LIMIT']; unset: reconnect for ever).",
+        )
 
     def execute(self, *args: Any, **options: Any) -> Any:
         """Run the command; a SIGTERM or SIGINT that comes while it starts (its checks,
@@ -119,6 +149,9 @@ class Command(BaseCommand):
                 name=options["name"],
                 metrics_port=options.get("metrics_port"),
                 metrics_address=options.get("metrics_address"),
+                health_port=options.get("health_port"),
+                health_address=options.get("health_address"),
+                database_outage_limit=options.get("database_outage_limit"),
             )
         except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc)) from exc
@@ -129,6 +162,8 @@ class Command(BaseCommand):
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
             raise CommandError(str(exc)) from exc
+        except DatabaseUnreachable as exc:  # stopped; the supervisor restarts it
+            raise CommandError(str(exc), returncode=exc.exit_code) from exc
         if options["verbosity"] >= 1 and options["burst"]:
             summary = ", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "nothing due"
             self.stdout.write(f"run_delayq: {summary}")
