@@ -41,6 +41,9 @@ logger = logging.getLogger("django_delayq.health")
 
 #: A loop or heartbeat older than this many of its periods is stale.
 STALE_PERIODS = 3
+#: The probes' paths.
+LIVE_PATH = "/healthz"
+READY_PATH = "/readyz"
 
 
 @dataclass(frozen=True)
@@ -198,8 +201,8 @@ class HealthServer:
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         probes: dict[str, Callable[[], Verdict]] = {
-            "/healthz": self.health.alive,
-            "/readyz": self.health.ready,
+            LIVE_PATH: self.health.alive,
+            READY_PATH: self.health.ready,
         }
         worker = self.worker
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -129,11 +130,14 @@ def serving_worker() -> Iterator[Callable[..., Worker]]:
 class WorkerProcess:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.args = args
+        # A file, not a pipe: a worker that logs a lot (a database outage's
+        # tracebacks) must not block on a full pipe nobody reads yet.
+        self._log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "run_delayq", *args],
             cwd=ROOT,
             env=env,
-            stdout=subprocess.PIPE,
+            stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
         )
@@ -151,16 +155,19 @@ class WorkerProcess:
 
     @property
     def output(self) -> str:
+        """Everything the process printed (once it has exited)."""
         if self._output is None:
-            self._output = self.proc.communicate(timeout=60)[0] if self.proc.stdout else ""
+            self.proc.wait(timeout=60)
+            self._log.seek(0)
+            self._output = self._log.read()
+            self._log.close()
         return self._output
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
-        if self.proc.stdout and not self.proc.stdout.closed:
-            self.output  # noqa: B018 - drain
+        self.output  # noqa: B018 - read and close the log
 
 
 @pytest.fixture

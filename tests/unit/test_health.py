@@ -70,9 +70,7 @@ def test_an_announced_backoff_is_not_taken_for_a_stuck_loop(health: Health, tick
     assert not health.alive().ok
 
 
-def test_the_shutdown_grace_counts_even_if_the_loop_turns_once_more(
-    health: Health, ticks: Ticks
-):
+def test_the_shutdown_grace_counts_even_if_the_loop_turns_once_more(health: Health, ticks: Ticks):
     health.stopping(grace=30.0)
     ticks.now += 1.0
     health.turned()  # the loop's last turn, after the signal: must not shorten the grace

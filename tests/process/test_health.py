@@ -1,0 +1,206 @@
+"""run_delayq's health probes and its exit on a lost database, with real processes.
+
+The database outage is real: the worker connects through a TCP proxy
+(``tests/process/proxy.py``) that the test cuts; SQLite, a file, has no
+server to lose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+from django.db import connection
+
+from django_delayq import enqueue
+from django_delayq.exceptions import DatabaseUnreachable
+from django_delayq.models import Message
+from tests.conftest import ROOT, wait_for
+from tests.process.proxy import TcpProxy
+from tests.testapp.models import Execution
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def probe(port: int, path: str) -> tuple[int, dict] | None:
+    """``(status, JSON body)`` of a probe, or None while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+    except (urllib.error.URLError, ConnectionError):
+        return None
+
+
+def answers(port: int, path: str, status: int, state: str) -> dict | None:
+    """The probe's body if it answers ``status`` with ``state``, else None (for wait_for)."""
+    found = probe(port, path)
+    if found is None or found[0] != status or found[1]["status"] != state:
+        return None
+    return found[1]
+
+
+def health_options(port: int) -> list[str]:
+    return ["--health-port", str(port), "--health-address", "127.0.0.1"]
+
+
+@pytest.fixture
+def proxied_env(worker_env: dict[str, str]) -> Iterator[tuple[TcpProxy, dict[str, str]]]:
+    """A proxy to the test database, and the environment of a worker that goes through it."""
+    if connection.vendor not in DEFAULT_PORTS:
+        pytest.skip("SQLite is a file: there is no database server to become unreachable")
+    settings = connection.settings_dict
+    upstream = (
+        settings["HOST"] or "127.0.0.1",
+        int(settings["PORT"] or DEFAULT_PORTS[connection.vendor]),
+    )
+    proxy = TcpProxy(upstream)
+    url = urlsplit(os.environ["DATABASE_URL"])
+    user, _, _ = url.netloc.rpartition("@")
+    netloc = f"{user}@127.0.0.1:{proxy.port}" if user else f"127.0.0.1:{proxy.port}"
+    # A heartbeat every half second: readiness after a recovery need not wait 5 s.
+    env = {"DATABASE_URL": url._replace(netloc=netloc).geturl(), "DELAYQ_TEST_HEARTBEAT": "0.5"}
+    yield proxy, env
+    proxy.close()
+
+
+def test_probes_follow_a_worker_from_start_to_a_graceful_stop(spawn_worker):
+    port = free_port()
+    worker = spawn_worker("--queue", "default", *health_options(port))
+    ready = wait_for(
+        lambda: answers(port, "/readyz", 200, "ready"), timeout=60, message="/readyz to be 200"
+    )
+    assert isinstance(ready, dict)
+    assert ready["worker"].endswith(f":{worker.pid}")
+    assert 0 <= ready["last_heartbeat_seconds_ago"] < 15
+    alive = probe(port, "/healthz")
+    assert alive is not None
+    status, body = alive
+    assert (status, body["status"], body["worker"]) == (200, "ok", ready["worker"])
+    assert body["stale_after_seconds"] == 15  # 3 x max(POLL_INTERVAL 1 s, HEARTBEAT_INTERVAL 5 s)
+
+    # A handler still running when SIGTERM comes: the worker stays up to let
+    # it finish, not ready (out of rotation) but alive.
+    message = enqueue("default", {"sleep": 5}).message
+    wait_for(
+        lambda: Execution.objects.filter(message_id=message.pk).exists(),
+        message="the message to start",
+    )
+    worker.signal(signal.SIGTERM)
+    wait_for(
+        lambda: answers(port, "/readyz", 503, "stopping"),
+        timeout=30,
+        message="/readyz to answer 503 once shutdown began",
+    )
+    assert answers(port, "/healthz", 200, "ok"), "alive while it finishes its handler"
+    assert worker.wait(timeout=60) == 0, worker.output
+    assert Message.objects.get(pk=message.pk).status == "succeeded"
+    assert probe(port, "/readyz") is None  # the server stopped with the worker
+    assert "health checks at http://127.0.0.1:" in worker.output
+
+
+def test_readiness_follows_the_database_through_an_outage(proxied_env, spawn_worker):
+    proxy, env = proxied_env
+    port = free_port()
+    worker = spawn_worker("--queue", "default", *health_options(port), env=env)
+    wait_for(lambda: answers(port, "/readyz", 200, "ready"), timeout=60, message="readiness")
+
+    proxy.cut()
+    down = wait_for(
+        lambda: answers(port, "/readyz", 503, "database unreachable"),
+        timeout=30,
+        message="/readyz to report the unreachable database",
+    )
+    assert isinstance(down, dict) and down["database_unreachable_seconds"] >= 0
+    # The worker is not stuck, only waiting for its database: no restart.
+    assert answers(port, "/healthz", 200, "ok")
+
+    proxy.restore()
+    wait_for(
+        lambda: answers(port, "/readyz", 200, "ready"),
+        timeout=60,
+        message="/readyz to recover with the database",
+    )
+    message = enqueue("default", {}).message
+    wait_for(
+        lambda: Message.objects.get(pk=message.pk).status == "succeeded",
+        timeout=30,
+        message="the worker to consume again",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    assert "database reachable again" in worker.output
+
+
+def test_a_database_unreachable_past_the_limit_stops_the_worker_with_status_75(
+    proxied_env, spawn_worker
+):
+    proxy, env = proxied_env
+    # Short leases and grace: the message it holds comes back soon after it exits.
+    env = {**env, "DELAYQ_TEST_LEASE": "2", "DELAYQ_TEST_GRACE": "0.5"}
+    message = enqueue("default", {"sleep": 60, "sleep_attempts": 1}).message
+    port = free_port()
+    worker = spawn_worker(
+        "--queue", "default", "--database-outage-limit", "3", *health_options(port), env=env
+    )
+    wait_for(lambda: answers(port, "/readyz", 200, "ready"), timeout=60, message="readiness")
+    wait_for(
+        lambda: Execution.objects.filter(message_id=message.pk).exists(),
+        message="the message to start",
+    )
+
+    proxy.cut()
+    wait_for(
+        lambda: answers(port, "/readyz", 503, "database unreachable"),
+        timeout=30,
+        message="/readyz to report the unreachable database before the worker gives up",
+    )
+    assert worker.wait(timeout=60) == DatabaseUnreachable.exit_code == 75, worker.output
+    assert "over DATABASE_OUTAGE_LIMIT (3 s): stopping, exit status 75" in worker.output
+    assert "CommandError: the database stayed unreachable for over 3 s" in worker.output
+
+    # Nothing is lost: the message it held returns when its lease expires.
+    rescuer = spawn_worker("--queue", "default", env={"DELAYQ_TEST_LEASE": "2"})
+    wait_for(
+        lambda: Message.objects.get(pk=message.pk).status == "succeeded",
+        timeout=60,
+        message="the held message to be redelivered and succeed",
+    )
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait() == 0
+    assert Message.objects.get(pk=message.pk).attempt_count == 2
+
+
+def test_a_taken_health_port_stops_the_command_with_a_clear_error(worker_env):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "django", "run_delayq", "--burst", *health_options(port)],
+            cwd=ROOT,
+            env=worker_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"CommandError: cannot serve health checks on 127.0.0.1:{port}" in done.stderr
