@@ -75,8 +75,9 @@ class DatabaseUnreachable(DelayQError):
     """A worker stopped because its database stayed unreachable past ``DATABASE_OUTAGE_LIMIT``.
 
     Raised by ``Worker.run()`` once the worker has stopped; ``run_delayq``
-    exits with :attr:`exit_code` (75, ``EX_TEMPFAIL``: try again later), so a
+    exits with its ``exit_code``, 75 (``EX_TEMPFAIL``: try again later), so a
     supervisor tells it from a crash (1) or a usage error (2) and restarts it.
     """
 
+    #: The exit status of ``run_delayq`` when it gives up on its database.
     exit_code = 75

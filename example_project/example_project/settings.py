@@ -128,6 +128,13 @@ DELAYQ = {
     "SCHEDULES": {
         "heartbeat": {"every": 3, "queue": "ops", "payload": {"check": "orders-backlog"}},
     },
+    # Probes for a supervisor (docs: Deploying, "Health checks"): with
+    # DELAYQ_HEALTH_PORT=8081 in the environment, `run_delayq` serves
+    # `curl localhost:8081/healthz` and `/readyz` (one port per worker, or
+    # pass `--health-port`). A worker whose database stays unreachable for
+    # 5 minutes exits with status 75, for its supervisor to restart it.
+    "HEALTH_PORT": env.int("DELAYQ_HEALTH_PORT", default=None),
+    "DATABASE_OUTAGE_LIMIT": 300,
 }
 
 # Django's Tasks framework runs on django-delayq: ``@task`` functions
