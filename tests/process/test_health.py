@@ -189,6 +189,22 @@ def test_a_database_unreachable_past_the_limit_stops_the_worker_with_status_75(
     assert Message.objects.get(pk=message.pk).attempt_count == 2
 
 
+def test_a_worker_that_starts_without_its_database_gives_up_the_same_way(proxied_env, spawn_worker):
+    proxy, env = proxied_env
+    proxy.cut()
+    port = free_port()
+    worker = spawn_worker(
+        "--queue", "default", "--database-outage-limit", "2", *health_options(port), env=env
+    )
+    wait_for(
+        lambda: answers(port, "/readyz", 503, "database unreachable"),
+        timeout=60,
+        message="/readyz to report the unreachable database",
+    )
+    assert worker.wait(timeout=60) == 75, worker.output
+    assert "over DATABASE_OUTAGE_LIMIT (2 s)" in worker.output
+
+
 def test_a_taken_health_port_stops_the_command_with_a_clear_error(worker_env):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
