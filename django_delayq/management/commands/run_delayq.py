@@ -11,7 +11,7 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import router
+from django.db import DatabaseError, router
 
 from django_delayq.exceptions import DatabaseUnreachable
 from django_delayq.models import Message
@@ -135,10 +135,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         # The database checks need a connection (the server's version: E050).
-        self.check(
-            tags=[Tags.database],
-            databases=[options["database"] or router.db_for_write(Message)],
-        )
+        try:
+            self.check(
+                tags=[Tags.database],
+                databases=[options["database"] or router.db_for_write(Message)],
+            )
+        except DatabaseError as exc:  # MariaDB/MySQL: Django's own checks query the server
+            raise CommandError(f"cannot reach the database to check it: {exc}") from exc
         try:
             worker = Worker(
                 options["queues"],
