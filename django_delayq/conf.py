@@ -84,7 +84,8 @@ DEFAULTS: dict[str, Any] = {
     # run_delayq on this port, for a supervisor's probes; None: no health
     # server. ``--health-port`` overrides.
     "HEALTH_PORT": None,
-    # Address the health server listens on ("" or "0.0.0.0": every IPv4 one).
+    # Address the health server listens on ("" or "0.0.0.0": every IPv4 one;
+    # "::": every IPv6 one).
     "HEALTH_ADDRESS": "0.0.0.0",
     # How long a worker keeps reconnecting to an unreachable database before
     # it stops and exits with status 75, so that its supervisor restarts it

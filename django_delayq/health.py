@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -162,6 +163,10 @@ class Health:
         return Verdict(status == "ready", body)
 
 
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class HealthServer:
     """``/healthz`` and ``/readyz`` over HTTP, from a daemon thread."""
 
@@ -175,8 +180,11 @@ class HealthServer:
 
     def start(self) -> None:
         """Listen now (a taken port is an ``ImproperlyConfigured``) and serve in a thread."""
+        server_class = ThreadingHTTPServer
+        if ":" in self.address:  # an IPv6 address ("::" for every interface)
+            server_class = _IPv6Server
         try:
-            server = ThreadingHTTPServer((self.address, self.port), self._handler())
+            server = server_class((self.address, self.port), self._handler())
         except OSError as exc:
             raise ImproperlyConfigured(
                 f"cannot serve health checks on {self.address or '0.0.0.0'}:{self.port}: {exc}"

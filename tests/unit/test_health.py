@@ -170,6 +170,23 @@ def test_the_server_answers_both_probes_with_json(health: Health, ticks: Ticks):
         get(port, "/healthz")
 
 
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+def test_the_server_listens_on_an_ipv6_address(health: Health):
+    with socket.socket(socket.AF_INET6) as sock:
+        try:
+            sock.bind(("::1", 0))
+        except OSError:
+            pytest.skip("::1 is not configured")
+        port = sock.getsockname()[1]
+    server = HealthServer(health, port=port, address="::1", worker="w")
+    server.start()
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{port}/healthz", timeout=5) as response:
+            assert json.loads(response.read())["status"] == "ok"
+    finally:
+        server.stop()
+
+
 def test_a_taken_port_is_a_configuration_error(health: Health):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
