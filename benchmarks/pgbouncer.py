@@ -16,7 +16,8 @@ Pickup latency: commit of one due message (through the configuration's own
 connection) to its claim (``last_attempt_time``, the database clock of the
 same machine), on an idle worker, one message at a time. Throughput: a
 serving worker drains ``--messages`` no-op messages enqueued in one
-transaction, from its first claim to its last finish.
+transaction, from its first claim to its last finish (the median of
+``--drains`` drains).
 
 The database (``delayq_pgbouncer_bench`` unless ``--direct`` names another) is
 dropped and created again; PgBouncer comes from ``scripts/ensure-pgbouncer.sh``
@@ -134,7 +135,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure(mode: Mode, samples: int, messages: int, workdir: Path) -> dict[str, Any]:
+def measure(mode: Mode, samples: int, messages: int, drains: int, workdir: Path) -> dict[str, Any]:
     from django.db import connections
 
     from django_delayq import enqueue, enqueue_many
@@ -154,14 +155,16 @@ def measure(mode: Mode, samples: int, messages: int, workdir: Path) -> dict[str,
             wait_done([message.pk], 60)
             claimed: datetime = Message.objects.get(pk=message.pk).last_attempt_time
             latencies.append((claimed.timestamp() - committed) * 1000)
-        Message.objects.all().delete()
-        time.sleep(0.2)
-        rows = enqueue_many("noop", [{}] * messages)
-        wait_done([r.message.pk for r in rows], 600)
-        done = Message.objects.filter(queue="noop")
-        first = min(m.last_attempt_time for m in done)
-        last = max(m.finished_at for m in done)
-        rate = messages / (last - first).total_seconds()
+        rates = []
+        for _ in range(drains):
+            Message.objects.all().delete()
+            time.sleep(0.2)
+            rows = enqueue_many("noop", [{}] * messages)
+            wait_done([r.message.pk for r in rows], 600)
+            done = Message.objects.filter(queue="noop")
+            first = min(m.last_attempt_time for m in done)
+            last = max(m.finished_at for m in done)
+            rates.append(messages / (last - first).total_seconds())
         line = worker.wake_up_line()
     finally:
         worker.stop()
@@ -170,7 +173,7 @@ def measure(mode: Mode, samples: int, messages: int, workdir: Path) -> dict[str,
         "p50": statistics.median(latencies),
         "p95": percentile(latencies, 0.95),
         "samples": samples,
-        "rate": rate,
+        "rate": statistics.median(rates),
         "line": line,
     }
 
@@ -182,11 +185,38 @@ def _db_settings(url: str) -> dict[str, Any]:
     return {k: config[k] for k in ("NAME", "HOST", "PORT", "USER", "PASSWORD")}
 
 
+def header(args: argparse.Namespace, load_before: float) -> str:
+    """Date, command, versions and machine load of the run (a results file's preamble)."""
+    import platform
+
+    import django
+    import psycopg
+    from django.db import connection
+
+    bouncer = subprocess.run(
+        ["pgbouncer", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split("\n")[0]
+    command = " ".join(["python -m benchmarks.pgbouncer", *sys.argv[1:]])
+    return (
+        f"\n{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, `{command}`: one `run_delayq "
+        "--concurrency 1` worker, no-op handler, the default `POLL_INTERVAL` (5 s); "
+        f"PostgreSQL {connection.pg_version // 10000}.{connection.pg_version % 10000}, "
+        f"{bouncer or 'PgBouncer'} (pool_mode = transaction, default_pool_size = 2), "
+        f"Python {platform.python_version()}, Django {django.get_version()}, "
+        f"psycopg {psycopg.__version__}; {os.cpu_count()} CPUs, load average "
+        f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after. Pickup: "
+        f"commit to claim, one message at a time, each 50-100 ms after the previous "
+        f"one finished; drain: {args.messages:,} messages enqueued at once, first claim "
+        f"to last finish, the median of {args.drains} drains.\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=40, help="latency samples (listening)")
     parser.add_argument("--polled-samples", type=int, default=20, help="latency samples (polling)")
-    parser.add_argument("--messages", type=int, default=2000, help="messages of the drain")
+    parser.add_argument("--messages", type=int, default=2000, help="messages of a drain")
+    parser.add_argument("--drains", type=int, default=3, help="drains (the median is kept)")
     parser.add_argument("--direct", default=DEFAULT_DIRECT, help="PostgreSQL URL, no pooler")
     parser.add_argument("--pgbouncer", default=None, help="the same database through PgBouncer")
     parser.add_argument("--workdir", default="/tmp/delayq-bench-pgbouncer")
@@ -217,9 +247,11 @@ def main() -> None:
         (Mode("pgbouncer + LISTEN_DATABASE", pooled, args.direct), args.samples),
         (Mode("pgbouncer, polling", pooled, None), args.polled_samples),
     ]
-    results = [measure(mode, samples, args.messages, workdir) for mode, samples in modes]
-    print(f"\nPostgreSQL {args.direct.split('@')[-1]}, PgBouncer {pooled.split('@')[-1]}")
-    print("one worker process, --concurrency 1, no-op handler\n")
+    load_before = os.getloadavg()[0]
+    results = [
+        measure(mode, samples, args.messages, args.drains, workdir) for mode, samples in modes
+    ]
+    print(header(args, load_before))
     print("| configuration | pickup p50 | pickup p95 | samples | no-op drain |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for r in results:

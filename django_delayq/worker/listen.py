@@ -38,7 +38,7 @@ PROBE_TIMEOUT = 2.0
 # Connection parameters Django adds for its own cursors, not psycopg.connect's.
 _DJANGO_ONLY_PARAMS = ("cursor_factory", "context", "server_side_binding")
 
-#: The start-up line when notifications do not arrive (``{interval}``, ``{alias}``).
+#: Why a worker polls when notifications sent through its own alias do not reach it.
 NO_NOTIFICATIONS = (
     "connection {alias!r} does not deliver notifications (a pooler in transaction mode?); "
     "set DELAYQ['LISTEN_DATABASE'] to a direct alias"
