@@ -469,7 +469,7 @@ def check_notifications(
         return []
     return [
         Warning(
-            f"idle workers would poll: {mode.line.removeprefix('wake-up: ')}",
+            f"idle workers would be {mode.line.removeprefix('wake-up: ')}",
             hint="see the PgBouncer section of the deployment guide",
             id="django_delayq.W080",
         )
