@@ -56,13 +56,14 @@ stop_running() {
   rm -f "$PIDFILE"
 }
 
-port_free() {
+port_answers() {
+  # Something accepts connections on 127.0.0.1:$1 (taken, or pgbouncer is up).
   python3 - "$1" <<'EOF'
 import socket, sys
 s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as pgbouncer binds
+s.settimeout(0.5)
 try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
+    s.connect(("127.0.0.1", int(sys.argv[1])))
 except OSError:
     sys.exit(1)
 finally:
@@ -98,7 +99,7 @@ fi
 
 stop_running
 mkdir -p "$DIR"
-while ! port_free "$PORT"; do PORT=$((PORT + 1)); done
+while port_answers "$PORT"; do PORT=$((PORT + 1)); done
 
 # trust still needs the user in auth_file; no password is stored.
 printf '"%s" ""\n' "$UP_USER" >"$DIR/userlist.txt"
@@ -136,18 +137,7 @@ fi
 
 URL="postgres://$UP_USER@127.0.0.1:$PORT/$UP_DB"
 for _ in $(seq 100); do
-  if python3 - "$PORT" <<'EOF'
-import socket, sys
-s = socket.socket()
-s.settimeout(0.5)
-try:
-    s.connect(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(1)
-finally:
-    s.close()
-EOF
-  then
+  if port_answers "$PORT"; then
     log "pgbouncer $("$BIN" --version | head -1 | awk '{print $2}') (transaction pooling, pool $POOL) on 127.0.0.1:$PORT in front of $UP_HOST:$UP_PORT"
     printf '%s\n' "$URL" >&3
     exit 0
