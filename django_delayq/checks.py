@@ -424,3 +424,85 @@ def check_queue_models(app_configs: Any = None, **kwargs: Any) -> list[Error | W
                 )
             )
     return problems
+
+
+@register(Tags.compatibility)
+def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``LISTEN_DATABASE`` names a PostgreSQL alias of the queue's database (E080, E081, W081)."""
+    from django.conf import settings
+    from django.db import connections, router
+
+    from django_delayq.models import Message
+
+    user = getattr(settings, "DELAYQ", {})
+    alias = user.get("LISTEN_DATABASE") if isinstance(user, dict) else None
+    if alias is None:
+        return []
+    databases = connections.settings
+    if not isinstance(alias, str) or alias not in databases:
+        return [
+            Error(
+                f"DELAYQ['LISTEN_DATABASE'] must be an alias of DATABASES, got {alias!r}",
+                hint=f"aliases: {', '.join(map(repr, databases))}",
+                id="django_delayq.E080",
+            )
+        ]
+    engine = str(databases[alias].get("ENGINE", ""))
+    if not engine.startswith("django.db.backends.postgresql"):
+        return [
+            Error(
+                f"DELAYQ['LISTEN_DATABASE'] names {alias!r}, which is not PostgreSQL "
+                f"({engine}): LISTEN/NOTIFY is PostgreSQL's",
+                id="django_delayq.E081",
+            )
+        ]
+    using = router.db_for_write(Message)
+    listen_name = databases[alias].get("NAME")
+    queue_name = databases.get(using, {}).get("NAME")
+    if listen_name != queue_name:
+        return [
+            Warning(
+                f"DELAYQ['LISTEN_DATABASE'] names {alias!r} (database {listen_name!r}), but "
+                f"the queue is in {using!r} (database {queue_name!r}): notifications are "
+                "per database, so workers would hear none",
+                hint="point the alias at the queue's database, without the pooler",
+                id="django_delayq.W081",
+            )
+        ]
+    return []
+
+
+@register(Tags.database)
+def check_notifications(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Error | Warning]:
+    """Idle workers would poll because notifications do not reach them (W080).
+
+    A database check (``migrate``, ``check --database``, ``run_delayq``): a
+    pooler in transaction mode is not visible in the settings, so this one
+    LISTENs and NOTIFYs for real (``worker.listen``), in at most two seconds.
+    """
+    from django.db import router
+
+    from django_delayq.conf import get_config, to_timedelta
+    from django_delayq.models import Message
+    from django_delayq.worker.listen import probe_mode
+
+    config = get_config()
+    using = router.db_for_write(Message)
+    if using not in (databases or ()) or config["NOTIFY"] is not True:
+        return []
+    try:
+        interval = to_timedelta(config["POLL_INTERVAL"]).total_seconds()
+    except (TypeError, ValueError):
+        return []  # E002 says so
+    mode = probe_mode(using, interval)
+    if not mode.degraded:
+        return []
+    return [
+        Warning(
+            f"idle workers would be {mode.line.removeprefix('wake-up: ')}",
+            hint="see the PgBouncer section of the deployment guide",
+            id="django_delayq.W080",
+        )
+    ]

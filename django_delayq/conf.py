@@ -50,6 +50,13 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_GRACE": timedelta(seconds=30),
     # Send NOTIFY on enqueue and LISTEN in idle workers (PostgreSQL only).
     "NOTIFY": True,
+    # An alias of DATABASES that reaches the queue's database without a
+    # connection pooler, for the idle workers' LISTEN. Behind PgBouncer in
+    # transaction mode a LISTEN on the pooled connection hears nothing, and
+    # workers would poll (pickup within POLL_INTERVAL instead of
+    # milliseconds); everything else still goes through the pool.
+    # None: LISTEN on the queue's own alias (run_delayq says if that fails).
+    "LISTEN_DATABASE": None,
     # How often each worker records its heartbeat (DelayQ's worker table).
     "HEARTBEAT_INTERVAL": timedelta(seconds=5),
     # A worker whose heartbeat is older than this is dead: live workers hand

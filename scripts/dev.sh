@@ -5,8 +5,9 @@
 #                          tests, the linters and the pipeline use (as `test` does)
 #   scripts/dev.sh test    lint, checks, the docs, `dist` (below), the whole suite on PostgreSQL and
 #                          SQLite (and its core again on PostgreSQL with prepared
-#                          statements), on MariaDB/MySQL when one is reachable, then the
+#                          statements, and through PgBouncer), on MariaDB/MySQL when one is reachable, then the
 #                          Django 6 leg (below)
+#   scripts/dev.sh pgbouncer  only the core suite through PgBouncer (the leg of `test`)
 #   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
 #   scripts/dev.sh dist    build the sdist and the wheel into dist/, twine check them, and
 #                          check their contents and a fresh install (scripts/check_dist.py)
@@ -21,7 +22,8 @@
 # and `venv` install every extra (pyspark, playwright, mypy, mysqlclient, ...)
 # and from apt python3-venv, libmariadb-dev, pkg-config, chromium,
 # chromium-driver, a Java 17 runtime, the PostgreSQL and SQLite JDBC
-# drivers, and PostgreSQL when no server answers (scripts/ensure-postgres.sh).
+# drivers, PostgreSQL when no server answers (scripts/ensure-postgres.sh), and
+# pgbouncer (scripts/ensure-pgbouncer.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -155,11 +157,41 @@ run_suite() {
   log "core suite on PostgreSQL with prepared statements"
   DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
     tests/unit tests/integration tests/store tests/process
+  run_pgbouncer_suite "$pg_url"
   log "test suite on SQLite ($sqlite_url)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
   log "example project's tests on SQLite"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider example_project
   run_mysql_suite "$@"
+}
+
+# -- PgBouncer: the core through a pooler in transaction mode --------------------
+
+# What a pooled deployment exercises: enqueue, claims, acknowledgements, leases,
+# cron, locks (integration, store), real run_delayq processes and the short chaos
+# run, in about four minutes. Left out: tests/unit (no database), the admin and
+# the pipeline, the state machine's long random walk (one connection, the
+# statements integration covers) and the multi-process flow control runs (a
+# minute of waiting on rate windows; their claims run through the pool in
+# tests/integration).
+PGBOUNCER_TESTS=(
+  tests/integration tests/store tests/process tests/chaos
+  --ignore=tests/store/test_state_machine.py --ignore=tests/process/test_flow_control.py
+)
+
+run_pgbouncer_suite() {
+  # Every statement through PgBouncer (pool_mode = transaction, a pool of 2,
+  # scripts/ensure-pgbouncer.sh); the workers' LISTEN and the tests that need a
+  # session of their own on the direct alias "direct" (DELAYQ_TEST_DIRECT_URL).
+  local pooled
+  pooled="$(scripts/ensure-pgbouncer.sh "$1")"
+  log "core suite through PgBouncer ($pooled, transaction pooling)"
+  if ! DATABASE_URL="$pooled" DELAYQ_TEST_DIRECT_URL="$1" "$PY" -m pytest -q -p no:cacheprovider \
+      "${PGBOUNCER_TESTS[@]}"; then
+    scripts/ensure-pgbouncer.sh stop
+    return 1
+  fi
+  scripts/ensure-pgbouncer.sh stop
 }
 
 # -- MariaDB / MySQL: when DATABASE_URL points at one, or one answers locally -----
@@ -254,6 +286,7 @@ case "${1:-}" in
     shift; ensure_full_venv; ensure_chromium; ensure_spark_runtime
     run_checks; run_docs; run_dist; run_suite "$@"; run_django6 ;;
   suite) shift; run_suite "$@" ;;
+  pgbouncer) run_pgbouncer_suite "$(scripts/ensure-postgres.sh)" ;;
   dist) ensure_venv dist; run_dist ;;
   django6) run_django6 ;;
   # The example project runs on SQLite: Django, the app, django-environ and
@@ -261,5 +294,5 @@ case "${1:-}" in
   demo) ensure_venv example; scripts/demo.sh "$PY" ;;
   # Sphinx, MyST and Furo, and the Tasks backport autodoc needs on Django 5.2.
   docs) ensure_venv docs,tasks; build_docs ;;
-  *) echo "usage: $0 venv|test|suite|dist|docs|django6|demo" >&2; exit 2 ;;
+  *) echo "usage: $0 venv|test|suite|pgbouncer|dist|docs|django6|demo" >&2; exit 2 ;;
 esac

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -196,11 +197,20 @@ def spawn_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., WorkerPro
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
-    """On MariaDB/MySQL, give queue and key the binary collation the README asks for."""
-    if connection.vendor != "mysql":
-        return
-    from django_delayq.store import server
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """On MariaDB/MySQL, give queue and key the binary collation the README asks for.
 
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(server.binary_columns_sql(connection))
+    Behind a pooler (a "direct" alias beside it, DELAYQ_TEST_DIRECT_URL), end
+    the pooler's server connections to the test database afterwards, so that
+    it can be dropped.
+    """
+    if connection.vendor == "mysql":
+        from django_delayq.store import server
+
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(server.binary_columns_sql(connection))
+    yield
+    if "direct" in settings.DATABASES:
+        from tests.pooler import end_pooled_sessions
+
+        end_pooled_sessions()

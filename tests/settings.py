@@ -47,8 +47,16 @@ if _db["ENGINE"] == "django.db.backends.postgresql" and os.environ.get("DELAYQ_T
     # The configuration the README recommends for speed: server-side
     # parameters and psycopg's prepared statements (DELAYQ_TEST_PREPARED=1).
     _db["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
+if os.environ.get("DELAYQ_TEST_DIRECT_URL"):
+    # DATABASE_URL goes through a pooler (PgBouncer in transaction mode):
+    # "direct" reaches the same database without it, for the workers' LISTEN
+    # and for the tests that need a session of their own (pg_terminate_backend).
+    DATABASES["direct"] = env.db_url_config(os.environ["DELAYQ_TEST_DIRECT_URL"])
+    DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
 if os.environ.get("DELAYQ_TEST_DATABASE_NAME"):
     _db["NAME"] = os.environ["DELAYQ_TEST_DATABASE_NAME"]
+    if "direct" in DATABASES:
+        DATABASES["direct"]["NAME"] = _db["NAME"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -85,6 +93,9 @@ DELAYQ = {
     "RETRY_POLICY": "django_delayq.retry.FixedDelay",
     "SHUTDOWN_GRACE": 10,
 }
+if "direct" in DATABASES:
+    # DELAYQ_TEST_LISTEN_DATABASE="" makes a worker LISTEN through the pooler.
+    DELAYQ["LISTEN_DATABASE"] = os.environ.get("DELAYQ_TEST_LISTEN_DATABASE", "direct") or None
 if os.environ.get("DELAYQ_TEST_LEASE"):
     DELAYQ["LEASE"] = float(os.environ["DELAYQ_TEST_LEASE"])
 if os.environ.get("DELAYQ_TEST_POLL"):

@@ -44,6 +44,7 @@ from django_delayq.worker.claimer import Claimer
 from django_delayq.worker.execute import Result
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.keeper import Keeper
+from django_delayq.worker.listen import polling
 from django_delayq.worker.maintenance import Maintenance
 from django_delayq.worker.runner import Done, Runner
 from django_delayq.worker.wakeup import Waker
@@ -270,7 +271,10 @@ class Worker:
                     self.metrics.stop()
                 raise
         waker = self.claimer.waker = Waker(
-            self.using, self.queues, listen=config["NOTIFY"] and not self.burst
+            self.using,
+            self.queues,
+            listen=config["NOTIFY"] and not self.burst,
+            poll_interval=self.poll_interval,
         )
         acks = None
         if config["ACK_DELAY"] is not None and features(connections[self.using]).group_commits:
@@ -296,6 +300,7 @@ class Worker:
             "adaptive" if self.claimer.adaptive else self.claimer.batch_size,
             ", burst" if self.burst else ", LISTEN/NOTIFY" if waker.listening else ", polling",
         )
+        self._log_wakeup(waker)
         try:
             self.keeper.register()
             self.health.beat()
@@ -394,6 +399,13 @@ class Worker:
             DatabaseUnreachable.exit_code,
         )
         self.stop()
+
+    def _log_wakeup(self, waker: Waker) -> None:
+        """Say how an idle worker learns of new messages, and what that costs."""
+        if self.burst:
+            return
+        mode = waker.mode or polling(self.poll_interval, "DELAYQ['NOTIFY'] is False")
+        logger.log(logging.WARNING if mode.degraded else logging.INFO, "%s", mode.line)
 
     # -- callbacks of the parts -----------------------------------------------
 

@@ -16,11 +16,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
-
 from django_delayq import clock
-from django_delayq.store.features import features
-from django_delayq.store.write import NOTIFY_CHANNEL
+from django_delayq.worker.listen import Mode, open_listener, relisten
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -28,12 +25,18 @@ logger = logging.getLogger("django_delayq.worker")
 # reopening it is tried at most this often; the worker polls meanwhile.
 RELISTEN_INTERVAL = 5.0
 
-# Connection parameters Django adds for its own cursors, not libpq's.
-_DJANGO_ONLY_PARAMS = ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
-
 
 class Waker:
-    def __init__(self, using: str, queues: list[str], listen: bool) -> None:
+    """The idle worker's sleep; ``mode`` says how it wakes (the start-up line).
+
+    ``listen``: whether to LISTEN at all (not with ``--burst`` or
+    ``NOTIFY = False``); where, and whether it works, is
+    :func:`~django_delayq.worker.listen.open_listener`'s business.
+    """
+
+    def __init__(
+        self, using: str, queues: list[str], listen: bool, poll_interval: float = 5.0
+    ) -> None:
         self.queues = set(queues)
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
@@ -43,28 +46,10 @@ class Waker:
         # The queues notified since the last wait began (with a due time).
         self.notified: set[str] = set()
         self._using = using
-        self._wants_listener = listen and features(connections[using]).notify
         self._lost_at: float | None = None
-        if self._wants_listener:
-            self._listener = self._open_listener(using)
-
-    @staticmethod
-    def _open_listener(using: str) -> Any:
-        """A dedicated autocommit connection, so LISTEN never sits in a transaction."""
-        try:
-            import psycopg
-        except ImportError:  # pragma: no cover - psycopg2 users poll
-            return None
-        params = dict(connections[using].get_connection_params())
-        for name in _DJANGO_ONLY_PARAMS:
-            params.pop(name, None)
-        try:
-            conn = psycopg.connect(**params, autocommit=True)
-            conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
-        except Exception:
-            logger.warning("LISTEN failed; falling back to polling", exc_info=True)
-            return None
-        return conn
+        self.mode: Mode | None = None
+        if listen:
+            self._listener, self.mode = open_listener(using, poll_interval)
 
     @property
     def listening(self) -> bool:
@@ -80,8 +65,10 @@ class Waker:
     def _maybe_relisten(self) -> None:
         if self._lost_at is None or time.monotonic() - self._lost_at < RELISTEN_INTERVAL:
             return
-        self._listener = self._open_listener(self._using)
-        if self._listener is None:
+        try:
+            self._listener = relisten(self._using)
+        except Exception:
+            logger.warning("LISTEN failed; polling meanwhile", exc_info=True)
             self._lost_at = time.monotonic()
         else:
             self._lost_at = None

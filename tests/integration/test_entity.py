@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
+from django.db import connection, transaction  # noqa: F401 (read by skipif)
 from django.utils import timezone
 
 from django_delayq import enqueue, handler, operations
@@ -199,13 +199,10 @@ def test_schedule_checks_its_arguments():
 def test_schedule_wakes_listening_workers_on_commit():
     import json
 
-    import psycopg
-
     from django_delayq.store.write import NOTIFY_CHANNEL
+    from tests.pooler import direct_connect
 
-    wanted = ("dbname", "user", "host", "port", "password")
-    params = {k: v for k, v in connection.get_connection_params().items() if k in wanted}
-    with psycopg.connect(**params, autocommit=True) as listener:
+    with direct_connect(autocommit=True) as listener:
         listener.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
         with transaction.atomic():
             Shipment(reference="a").schedule()

@@ -3,14 +3,14 @@
 import json
 import signal
 
-import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, transaction  # noqa: F401 (read by skipif)
 
 from django_delayq import enqueue, enqueue_many
 from django_delayq.models import Message
 from django_delayq.store.write import NOTIFY_CHANNEL
 from tests.conftest import wait_for
+from tests.pooler import direct_connect
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -20,12 +20,8 @@ pytestmark = [
 
 @pytest.fixture
 def listener():
-    params = {
-        k: v
-        for k, v in connection.get_connection_params().items()
-        if k not in ("cursor_factory", "context", "prepare_threshold")
-    }
-    conn = psycopg.connect(**params, autocommit=True)
+    # A session of its own: behind a pooler, the "direct" alias.
+    conn = direct_connect(autocommit=True)
     conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
     yield conn
     conn.close()

@@ -1289,16 +1289,9 @@ def test_wake_tells_listening_workers_on_postgresql(transactional_db: None) -> N
         return
     import json
 
-    import psycopg
+    from tests.pooler import direct_connect
 
-    settings_dict = connection.settings_dict
-    with psycopg.connect(
-        host=settings_dict["HOST"] or None,
-        port=settings_dict["PORT"] or None,
-        user=settings_dict["USER"],
-        dbname=settings_dict["NAME"],
-        autocommit=True,
-    ) as listener:
+    with direct_connect(autocommit=True) as listener:  # a session of its own
         listener.execute("LISTEN django_delayq")
         changes.wake(["q", "r"])
         heard = {json.loads(n.payload)["queue"] for n in listener.notifies(timeout=5, stop_after=2)}

@@ -166,7 +166,7 @@ class ArchiveLockLost(PipelineError):
 # The lock's own connection notices a dead peer within about a minute
 # (OPTIONS of the database win over these).
 LOCK_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10}
-# One row if this session holds the advisory lock on the bigint hashtext(name):
+# One row if this backend holds the advisory lock on the bigint hashtext(name):
 # pg_locks shows such a key as classid (high 32 bits), objid (low), objsubid 1.
 _LOCK_HELD = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
@@ -198,14 +198,21 @@ class ArchiveLock:
 
 
 class _AdvisoryLock(ArchiveLock):
-    """PostgreSQL: a session advisory lock on a connection of its own.
+    """PostgreSQL: a transaction advisory lock, in a transaction of its own connection.
 
     Not on Django's connection: that one runs the run's own queries, may be
     closed and silently reopened by Django (taking the lock with it, unseen),
-    and a nested run in the same thread would take the same session lock
-    again. This connection does nothing but hold the lock and answer
-    :meth:`check`: if the server ends it (idle timeout, ``pg_terminate_backend``,
-    a failover), the next check fails instead of the run going on unlocked.
+    and a nested run in the same thread would take the same lock again. This
+    connection does nothing but hold the lock and answer :meth:`check`: if
+    the server ends it (``pg_terminate_backend``, a failover), the next check
+    fails instead of the run going on unlocked.
+
+    Transaction-level, in one open transaction, rather than a session lock:
+    behind a pooler in transaction mode (PgBouncer) a session lock would stay
+    on whichever server connection ran it, held by nobody and released never,
+    and ``check`` would look for it on another one. An open transaction keeps
+    its server connection for as long as it lasts, here or behind a pooler,
+    and the lock ends with it. It writes nothing, so it holds back no vacuum.
     """
 
     def __init__(self, alias: str) -> None:
@@ -214,13 +221,14 @@ class _AdvisoryLock(ArchiveLock):
         super().__init__(alias)
         self._errors: type[Exception] = psycopg.Error
         params = {**LOCK_KEEPALIVES, **target(alias).params}
-        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn = psycopg.connect(**params, autocommit=False)
         try:
-            if self.conn.info.server_version >= 140000:
-                # Idle for as long as Spark works: the server's idle timeout must not end it.
-                self.conn.execute("SET idle_session_timeout = 0")
+            # Idle in this transaction for as long as Spark works: the
+            # server's idle timeout must not end it (SET LOCAL: this
+            # transaction only, never the pooled session).
+            self.conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
             row = self.conn.execute(
-                "SELECT pg_try_advisory_lock(hashtext(%s))", [ARCHIVE_LOCK]
+                "SELECT pg_try_advisory_xact_lock(hashtext(%s))", [ARCHIVE_LOCK]
             ).fetchone()
         except BaseException:
             self.conn.close()
@@ -239,7 +247,12 @@ class _AdvisoryLock(ArchiveLock):
             raise self._lost("the server no longer shows it held", step)
 
     def release(self) -> None:
-        self.conn.close()  # the session ends, and its advisory locks with it
+        try:
+            self.conn.rollback()  # the transaction ends, and its advisory lock with it
+        except self._errors:
+            pass  # a lost connection holds nothing any more
+        finally:
+            self.conn.close()
 
 
 class _FileLock(ArchiveLock):
@@ -279,8 +292,8 @@ def _busy(alias: str) -> PipelineError:
 def archive_lock(alias: str) -> Iterator[ArchiveLock]:
     """One archive run per database at a time, released even if the process is killed.
 
-    PostgreSQL: a session advisory lock on a dedicated connection
-    (:class:`_AdvisoryLock`). SQLite: an ``flock`` on a file beside the
+    PostgreSQL: a transaction advisory lock held in an open transaction of a
+    dedicated connection (:class:`_AdvisoryLock`). SQLite: an ``flock`` on a file beside the
     database. Both go away with the process, so a killed run never leaves a
     stale lock for the re-run to trip over. The run calls ``check`` before
     each step that publishes, deletes or closes its journal.

@@ -30,9 +30,12 @@ LOAD_BATCH_ROWS = 50_000
 DELETE_BATCH_ROWS = 20_000
 
 # grp: each row's ordered group ("" for none), when the load has a group column.
+# Created in every transaction and dropped at its end: a temporary table is
+# session state, which a pooler in transaction mode (PgBouncer) does not keep
+# from one transaction to the next.
 _PG_TEMP = (
     "CREATE TEMP TABLE IF NOT EXISTS delayq_load "
-    "(ord bigint, key text, payload text, due text, grp text) ON COMMIT DELETE ROWS"
+    "(ord bigint, key text, payload text, due text, grp text) ON COMMIT DROP"
 )
 _SQLITE_TEMP = (
     "CREATE TEMP TABLE IF NOT EXISTS delayq_load "
@@ -136,9 +139,9 @@ def _write_postgresql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     counts = LoadCounts()
     with connect(plan.target) as conn:
         cur = conn.cursor()
-        cur.execute(_PG_TEMP)
         while True:
             loaded = 0
+            cur.execute(_PG_TEMP)
             with cur.copy(f"COPY delayq_load ({_columns(plan)}) FROM STDIN") as copy:
                 for loaded, row in enumerate(islice(rows, plan.batch_rows), 1):
                     copy.write_row((loaded, *row))
