@@ -10,9 +10,10 @@ index's and the search's condition (rows without one cost nothing), and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model
+from django.db.models import Field, Model
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,11 @@ INDEXES = (
 
 
 def _columns(connection: BaseDatabaseWrapper, model: type[Model]) -> dict[str, str]:
-    quote = connection.ops.quote_name
-    return {
-        name: quote(model._meta.get_field(name).column)
-        for name in ("key", "group", "payload", "last_error")
-    }
+    columns = {}
+    for name in ("key", "group", "payload", "last_error"):
+        column = cast("Field[Any, Any]", model._meta.get_field(name)).column
+        columns[name] = connection.ops.quote_name(column or name)
+    return columns
 
 
 def create_sql(
