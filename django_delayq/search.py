@@ -22,7 +22,9 @@ The same query runs on PostgreSQL, SQLite and MariaDB through Django's
 ``JSONField`` key lookups, whose keys are always bound parameters. On
 PostgreSQL a path without list indexes is compiled to containment
 (``payload @> '{"customer": {"id": 7}}'``), which a GIN index on ``payload``
-can answer (see the README); the results are the same.
+can answer; the results are the same. Every condition a term becomes is one
+an index can serve, so that with ``django_delayq.contrib.search_indexes`` a
+search on PostgreSQL reads indexes instead of the table.
 """
 
 from __future__ import annotations
