@@ -1,6 +1,7 @@
 """Admin response times on a large table (PostgreSQL).
 
     .venv/bin/python -m benchmarks.admin_1m [--rows 1000000] [--runs 5] [--keep] [--explain]
+        [--search-indexes]
 
 Fills a scratch database (``delayq_bench_admin`` on the local PostgreSQL, or
 the one ``BENCH_ADMIN_DATABASE_URL`` names: it is dropped and re-created) with
@@ -10,7 +11,10 @@ scheduled for later, due now, retrying and running. Then it times GETs of the
 admin pages through Django's test client (logged in as a superuser) and
 prints the median of ``--runs`` runs per page, with the number of queries.
 ``--keep`` reuses the filled database of a previous run; ``--explain`` prints
-``EXPLAIN ANALYZE`` of the slowest queries of each page.
+``EXPLAIN ANALYZE`` of the slowest queries of each page. ``--search-indexes``
+builds the indexes of ``django_delayq.contrib.search_indexes`` (its migration);
+without it they are dropped (the migration reversed), so the figures say
+what the search costs with and without them.
 """
 
 from __future__ import annotations
@@ -214,6 +218,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="reuse the filled database")
     parser.add_argument("--explain", action="store_true", help="print plans of slow queries")
+    parser.add_argument(
+        "--search-indexes", action="store_true", help="with the opt-in search indexes"
+    )
     args = parser.parse_args()
     url = os.environ.get("BENCH_ADMIN_DATABASE_URL", DEFAULT_URL)
     if not url.startswith("postgres"):
@@ -222,17 +229,19 @@ def main() -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     if not args.keep:
         reset_database(url)
+    os.environ["BENCH_SEARCH_INDEXES"] = "1"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(
-        [sys.executable, "-m", "django", "migrate", "-v0"], check=True, env=env, cwd=ROOT
-    )
+    migrate = [sys.executable, "-m", "django", "migrate", "-v0"]
+    subprocess.run(migrate, check=True, env=env, cwd=ROOT)
+    if not args.search_indexes:
+        subprocess.run([*migrate, "delayq_search_indexes", "zero"], check=True, env=env, cwd=ROOT)
 
     import django
 
     django.setup()
     from django_delayq.models import Message
 
-    print(f"database: {url.split('@')[-1]}")
+    print(f"database: {url.split('@')[-1]}, search indexes: {bool(args.search_indexes)}")
     if not args.keep or not Message.objects.exists():
         fill(args.rows)
     measure(args.runs, args.explain)

@@ -2,7 +2,8 @@
 
 ``BENCH_DATABASE_URL`` (set by the benchmark runner) wins over
 ``DATABASE_URL``; ``BENCH_DEBUG=1`` turns on ``DEBUG`` (the memory
-measurement runs the worker with Django's query log on).
+measurement runs the worker with Django's query log on);
+``BENCH_SEARCH_INDEXES=1`` installs ``django_delayq.contrib.search_indexes``.
 """
 
 import os
@@ -13,6 +14,9 @@ if os.environ.get("BENCH_DATABASE_URL"):
 from tests.settings import *  # noqa: E402, F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.benchapp"]  # noqa: F405
+if os.environ.get("BENCH_SEARCH_INDEXES") == "1":
+    # benchmarks/admin_1m.py: the opt-in search indexes, built or dropped by migrate.
+    INSTALLED_APPS.append("django_delayq.contrib.search_indexes")
 DELAYQ = {"POLL_INTERVAL": 1, "PRUNE_INTERVAL": None}
 if os.environ.get("BENCH_SOAK_RETENTION"):
     # benchmarks/soak.py: pruning on, with a retention short enough to reach.

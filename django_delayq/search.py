@@ -22,7 +22,9 @@ The same query runs on PostgreSQL, SQLite and MariaDB through Django's
 ``JSONField`` key lookups, whose keys are always bound parameters. On
 PostgreSQL a path without list indexes is compiled to containment
 (``payload @> '{"customer": {"id": 7}}'``), which a GIN index on ``payload``
-can answer (see the README); the results are the same.
+can answer; the results are the same. Every condition a term becomes is one
+an index can serve, so that with ``django_delayq.contrib.search_indexes`` a
+search on PostgreSQL reads indexes instead of the table.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from django.db.models.functions import Collate
 
 from django_delayq.models import Message
 from django_delayq.store.features import features
+from django_delayq.store.queries import distinct_values
 
 # Matched whole (``fullmatch``): ``$`` would also match before a final newline.
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
@@ -165,16 +168,53 @@ def field_condition(
 # compare exactly), so LIKE there is case-sensitive: search a case-insensitive
 # view of it instead, as ILIKE does on PostgreSQL.
 _QUEUE_CI = "_delayq_queue_ci"
+# Queues and kinds are few: a word is matched against their distinct values
+# here (an index skip, search.distinct_values), and the rows are then found by
+# ``IN (...)``, which an index serves. More values than this: ``icontains``.
+_VALUES_LIMIT = 200
 
 
-def word_condition(word: str, queue_field: str = "queue") -> Q:
-    condition = (
-        Q(key__startswith=word)
-        | Q(group__startswith=word)
-        | Q(kind__icontains=word)
-        | Q(**{f"{queue_field}__icontains": word})
-        | Q(last_error__icontains=word)
-    )
+def listed_values(column: str, using: str) -> list[str] | None:
+    """The distinct values of ``column`` (``queue`` or ``kind``), or None when
+    there are too many to list."""
+    values = distinct_values(column, limit=_VALUES_LIMIT + 1, using=using)
+    return None if len(values) > _VALUES_LIMIT else values
+
+
+def holding(values: list[str] | None, word: str) -> list[str] | None:
+    """Those of ``values`` that hold ``word`` in any case (None stays None)."""
+    if values is None:
+        return None
+    needle = word.casefold()
+    return [value for value in values if needle in value.casefold()]
+
+
+def word_condition(
+    word: str,
+    queue_field: str = "queue",
+    *,
+    queues: list[str] | None = None,
+    kinds: list[str] | None = None,
+) -> Q:
+    """The condition for one word: every branch is one an index can serve.
+
+    The key and the group match exactly or by prefix (``LIKE 'word%'``); the
+    queue and the kind among ``queues`` and ``kinds`` (the values that hold
+    the word, from ``holding``; None: by ``icontains``); the last
+    error anywhere in it, among the messages that have one. With the indexes
+    of ``django_delayq.contrib.search_indexes`` PostgreSQL answers the whole
+    OR from indexes (a bitmap OR) instead of reading the table.
+    """
+    condition = Q(key__startswith=word) | (~Q(group="") & Q(group__startswith=word))
+    if kinds is None:
+        condition |= Q(kind__icontains=word)
+    elif kinds:
+        condition |= Q(kind__in=kinds)
+    if queues is None:
+        condition |= Q(**{f"{queue_field}__icontains": word})
+    elif queues:
+        condition |= Q(queue__in=queues)
+    condition |= ~Q(last_error="") & Q(last_error__icontains=word)
     # ASCII digits only: "²".isdigit() is True, but int("²") raises (and so
     # does int() of more than 4,300 digits; the limit has 19).
     if len(word) <= 19 and word.isascii() and word.isdigit() and int(word) <= _PK_LIMIT:
@@ -193,8 +233,14 @@ def apply(queryset: QuerySet[Message], search: ParsedSearch | str) -> QuerySet[M
         queryset, condition = field_condition(queryset, term, f"_delayq_search_{i}")
         conditions.append(condition)
     queue_field = "queue"
-    if search.words and features(connections[queryset.db]).binary_text:
-        queryset = queryset.alias(**{_QUEUE_CI: Collate("queue", "utf8mb4_general_ci")})
-        queue_field = _QUEUE_CI
-    conditions += [word_condition(w, queue_field) for w in search.words]
+    if search.words:
+        queues = listed_values("queue", queryset.db)
+        kinds = listed_values("kind", queryset.db)
+        if queues is None and features(connections[queryset.db]).binary_text:
+            queryset = queryset.alias(**{_QUEUE_CI: Collate("queue", "utf8mb4_general_ci")})
+            queue_field = _QUEUE_CI
+        conditions += [
+            word_condition(w, queue_field, queues=holding(queues, w), kinds=holding(kinds, w))
+            for w in search.words
+        ]
     return queryset.filter(*conditions)

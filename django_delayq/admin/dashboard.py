@@ -47,10 +47,17 @@ def admin_url(model_admin: ModelAdmin[Any], suffix: str, *args: object) -> str:
     )
 
 
-def changelist_url(model_admin: ModelAdmin[Any], params: Mapping[str, object]) -> str:
-    """The changelist filtered by plain field lookups (``status__exact=failed``...)."""
+def changelist_url(
+    model_admin: ModelAdmin[Any], params: Mapping[str, object], base: str | None = None
+) -> str:
+    """The changelist filtered by plain field lookups (``status__exact=failed``...).
+
+    ``base``: the changelist's URL, when the caller has it already (a page of
+    many links saves a ``reverse()`` per link).
+    """
     query = urlencode({k: _param(v) for k, v in params.items() if v is not None})
-    return admin_url(model_admin, "changelist") + (f"?{query}" if query else "")
+    base = base or admin_url(model_admin, "changelist")
+    return base + (f"?{query}" if query else "")
 
 
 def _param(value: object) -> str:
@@ -81,13 +88,14 @@ def _cells(
         ("cancelled_long", {"status__exact": "cancelled", **long}),
     ]
     queue = {"queue": figures.queue or None}  # the changelist's QueueFilter
+    base = admin_url(model_admin, "changelist")
     cells = {}
     for name, params in columns:
         value = getattr(figures, name)
         cells[name] = {
             "value": value,
             "text": f"{value:,}",
-            "url": changelist_url(model_admin, {**queue, **params}),
+            "url": changelist_url(model_admin, {**queue, **params}, base),
         }
     return cells
 
