@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from django_delayq import operations
-from django_delayq.contrib.spark import PipelineError, archive_job, database
+from django_delayq.contrib.spark import PipelineError, archive_job, database, dbapi
 from django_delayq.models import Message
 from tests.conftest import ROOT, wait_for
 from tests.pipeline.conftest import finished, run_pipeline
@@ -198,6 +198,9 @@ def test_one_archive_run_per_database(tmp_path: Path) -> None:
 
         holder = psycopg.connect(**database.target("default").params, autocommit=True)
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", [database.ARCHIVE_LOCK])
+    elif connection.vendor == "mysql":
+        holder = dbapi.connect(database.target("default"))
+        holder.cursor().execute("SELECT GET_LOCK(%s, 0)", [database.lock_name("default")])
     else:
         import fcntl
 
@@ -263,6 +266,17 @@ def lose_the_lock() -> None:
             ]
             assert len(pids) == 1, pids
             admin.execute("SELECT pg_terminate_backend(%s, 10000)", [pids[0]])
+    elif connection.vendor == "mysql":
+        # Named locks belong to the server; the name carries this database's.
+        admin = dbapi.connect(database.target("default"))
+        try:
+            cursor = admin.cursor()
+            cursor.execute("SELECT IS_USED_LOCK(%s)", [database.lock_name("default")])
+            (holder,) = cursor.fetchone()
+            assert holder is not None
+            cursor.execute(f"KILL {int(holder)}")
+        finally:
+            admin.close()
     else:  # the lock file removed: a second run would lock a new one
         os.unlink(f"{connection.settings_dict['NAME']}.delayq-archive.lock")
 
