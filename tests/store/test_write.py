@@ -480,18 +480,31 @@ def load(
     return created, updated
 
 
+LOCK_TOKEN = uuid.uuid4()
+
+
 @pytest.mark.parametrize("on_conflict", ["ignore", "update"])
 def test_bulk_load_writes_what_enqueue_many_writes(on_conflict: str, fake_clock: FakeClock) -> None:
     if not can().pipeline:
         pytest.skip("the Spark loader runs on the pipeline's databases only")
     for queue in ("by-enqueue", "by-load"):
-        enqueue_many(queue, [{"v": 1}] * 3, keys=["same", "changed", "finished"])
+        enqueue_many(
+            queue,
+            [{"v": 1}] * 4 + [{"s": "a"}],
+            keys=["same", "changed", "finished", "running", "case"],
+        )
         Message.objects.filter(queue=queue, key="finished").update(
             status="failed", next_attempt_time=None, finished_at=at(0), attempt_count=3
+        )
+        Message.objects.filter(queue=queue, key="running").update(
+            status="running", lock_token=LOCK_TOKEN, next_attempt_time=at(30), attempt_count=1
         )
     fake_clock.advance(1)
     rows = [("same", {"v": 1}), ("changed", {"v": 2}), ("finished", {"v": 2})]
     rows += [("new", {"v": 1}), ("dup", {"v": 1}), ("dup", {"v": 2})]
+    # A running message's new version waits for its attempt; a payload that
+    # differs only in case differs (whatever the payload column's collation).
+    rows += [("running", {"v": 2}), ("case", {"s": "A"})]
 
     results = enqueue_many(
         "by-enqueue", [p for _, p in rows], keys=[k for k, _ in rows], on_conflict=on_conflict
