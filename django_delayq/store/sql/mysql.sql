@@ -119,9 +119,12 @@ ON DUPLICATE KEY UPDATE
 
 -- name: archived_versions
 -- The current version of some rows, locked until the delete commits (compared
--- in Python, like SQLite's); the ids as one JSON array.
-SELECT id, status, attempt_count, updated_at, finished_at FROM {table} WHERE id IN (SELECT j.id FROM JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j) FOR UPDATE
+-- in Python, like SQLite's); the ids as one JSON array. Joined, not IN
+-- (subquery): the rows are found by primary key, so only they are locked.
+SELECT t.id, t.status, t.attempt_count, t.updated_at, t.finished_at FROM JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j JOIN {table} AS t ON t.id = j.id FOR UPDATE
 
 -- name: delete_ids
--- Delete the rows whose archived version still matched.
-DELETE FROM {table} WHERE id IN (SELECT j.id FROM JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j)
+-- Delete the rows whose archived version still matched. A multi-table DELETE:
+-- MariaDB runs a single-table DELETE ... WHERE id IN (subquery) as a scan of
+-- the whole table, waiting for every row another transaction holds.
+DELETE t FROM {table} AS t JOIN JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j ON t.id = j.id
