@@ -279,6 +279,22 @@ def test_the_delete_waits_only_for_the_rows_it_deletes() -> None:
     assert table_ids() & set(old) == set(old) - {old[1]}
 
 
+def test_the_named_lock_carries_its_database_within_64_characters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MariaDB/MySQL's named locks belong to the server, and their names have at most
+    64 characters: each database gets its own name, a long one hashed."""
+    monkeypatch.setitem(connection.settings_dict, "NAME", "shop")
+    assert database.lock_name("default") == "django_delayq.archive:shop"
+    names = set()
+    for last in "ab":
+        monkeypatch.setitem(connection.settings_dict, "NAME", "x" * 63 + last)
+        name = database.lock_name("default")
+        assert len(name) == 64 and name.startswith("django_delayq.archive:")
+        names.add(name)
+    assert len(names) == 2
+
+
 def lose_the_lock() -> None:
     """What a server or an operator can do to a run: the lock goes away under it."""
     if connection.vendor == "postgresql":

@@ -418,7 +418,7 @@ def test_row_copies_every_column_of_the_template() -> None:
     assert shared.priority == 2 and known.priority == 2
 
 
-# -- the Spark loader's statement (PostgreSQL and SQLite) -------------------------------
+# -- the Spark loader's statements (PostgreSQL, MariaDB/MySQL, SQLite) -------------------
 
 
 def load(
