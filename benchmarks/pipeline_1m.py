@@ -4,7 +4,8 @@
         .venv/bin/python -m benchmarks.pipeline_1m [--rows 1000000] [--master local[2]]
 
 (``make bench-pipeline``.) The database named in DATABASE_URL is dropped and
-re-created first: point it at a scratch PostgreSQL database. Spark's start-up
+re-created first: point it at a scratch PostgreSQL or MariaDB/MySQL database
+(``mysql://root@127.0.0.1:3306/delayq_bench_spark``). Spark's start-up
 is timed on its own; each job's time starts once the session is up.
 
 Targets on the 2-core development machine: enqueue from Parquet at 40,000
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC
 from pathlib import Path
 
 from benchmarks.quick import ROOT, reset_database
@@ -38,6 +40,42 @@ UPDATE django_delayq_message SET
     next_attempt_time = NULL
 """
 
+# The same on MariaDB/MySQL.
+MARK_FINISHED_MYSQL = """
+UPDATE django_delayq_message SET
+    scheduled_time = DATE_ADD(%(base)s, INTERVAL id %% 259200 SECOND),
+    last_attempt_time = DATE_ADD(%(base)s,
+        INTERVAL (id %% 259200) * 1000000 + (id %% 997) * 1000 MICROSECOND),
+    finished_at = DATE_ADD(%(base)s,
+        INTERVAL (id %% 259200) * 1000000 + (id %% 997 + id %% 89) * 1000 MICROSECOND),
+    status = CASE WHEN id %% 50 = 0 THEN 'failed' ELSE 'succeeded' END,
+    attempt_count = CASE WHEN id %% 50 = 0 THEN 3 ELSE 1 END,
+    last_error = CASE WHEN id %% 50 = 0 THEN CONCAT('ValueError: bad customer ', id) ELSE '' END,
+    next_attempt_time = NULL
+"""
+
+
+def reset_mysql(url: str) -> None:
+    """Drop and re-create the MariaDB/MySQL database of ``url`` (utf8mb4)."""
+    import environ
+    import MySQLdb
+
+    config = environ.Env.db_url_config(url)
+    admin = {
+        "host": config["HOST"] or "127.0.0.1",
+        "port": int(config["PORT"] or 3306),
+        "user": config["USER"] or "root",
+    }
+    if config["PASSWORD"]:
+        admin["password"] = config["PASSWORD"]
+    conn = MySQLdb.connect(**admin)
+    try:
+        cursor = conn.cursor()
+        cursor.execute(f"DROP DATABASE IF EXISTS `{config['NAME']}`")
+        cursor.execute(f"CREATE DATABASE `{config['NAME']}` CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -47,11 +85,18 @@ def main() -> None:
     url = os.environ.setdefault(
         "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/delayq_bench_spark"
     )
-    if not url.startswith("postgres"):
-        sys.exit("this benchmark needs PostgreSQL (DATABASE_URL=postgres://...)")
+    mysql = url.startswith("mysql")
+    if not (url.startswith("postgres") or mysql):
+        sys.exit(
+            "this benchmark needs PostgreSQL or MariaDB/MySQL "
+            "(DATABASE_URL=postgres://... or mysql://...)"
+        )
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     os.environ.setdefault("DELAYQ_SPARK_UI", "0")
-    reset_database(url)
+    if mysql:
+        reset_mysql(url)
+    else:
+        reset_database(url)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(
         [sys.executable, "-m", "django", "migrate", "-v0"], check=True, env=env, cwd=ROOT
@@ -99,9 +144,16 @@ def main() -> None:
         f"  ({summary.partitions} partitions, {summary.transactions} transactions)"
     )
 
+    base = timezone.now() - timezone.timedelta(days=5)
     with connection.cursor() as cursor:
-        cursor.execute(MARK_FINISHED, {"base": timezone.now() - timezone.timedelta(days=5)})
-        cursor.execute("VACUUM ANALYZE django_delayq_message")
+        if mysql:  # DATETIME: UTC without a zone, as Django stores it
+            naive = base.astimezone(UTC).replace(tzinfo=None)
+            cursor.execute(MARK_FINISHED_MYSQL, {"base": naive})
+            cursor.execute("ANALYZE TABLE django_delayq_message")
+            cursor.fetchall()
+        else:
+            cursor.execute(MARK_FINISHED, {"base": base})
+            cursor.execute("VACUUM ANALYZE django_delayq_message")
 
     archived = archive_job.run_archive(
         spark, archive_job.ArchiveOptions(dest=str(work / "archive"), older_than=86400)

@@ -21,7 +21,7 @@
 # django-environ, django-tasks), and from apt at most python3-venv; `test`
 # and `venv` install every extra (pyspark, playwright, mypy, mysqlclient, ...)
 # and from apt python3-venv, libmariadb-dev, pkg-config, chromium,
-# chromium-driver, a Java 17 runtime, the PostgreSQL and SQLite JDBC
+# chromium-driver, a Java 17 runtime, the PostgreSQL, MariaDB and SQLite JDBC
 # drivers, PostgreSQL when no server answers (scripts/ensure-postgres.sh), and
 # pgbouncer (scripts/ensure-pgbouncer.sh).
 set -euo pipefail
@@ -93,12 +93,14 @@ ensure_chromium() {
 
 ensure_spark_runtime() {
   # The data pipeline (delayq_pipeline) runs Spark on Java 17+ and reads the
-  # queue table through Debian's JDBC drivers (nothing comes from Maven).
+  # queue table through Debian's JDBC drivers (nothing comes from Maven):
+  # PostgreSQL's, MariaDB's (for MariaDB and MySQL) and SQLite's.
   local missing=() version
   version="$("${JAVA_HOME:+$JAVA_HOME/bin/}java" -version 2>&1 || true)"
   grep -Eq 'version "(1[7-9]|[2-9][0-9])' <<<"$version" || missing+=(openjdk-17-jre-headless)
   [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
   [ -f /usr/share/java/sqlite-jdbc.jar ] || missing+=(libxerial-sqlite-jdbc-java)
+  [ -f /usr/share/java/mariadb-java-client.jar ] || missing+=(libmariadb-java)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "installing ${missing[*]} for the Spark data pipeline"
     apt_install "${missing[@]}"
@@ -212,8 +214,7 @@ mysql_url() {
 
 run_mysql_suite() {
   # Everything but the browser tests (the admin's pages are covered by
-  # tests/admin) and the Spark pipeline (PostgreSQL/SQLite only; its refusal
-  # on MySQL is tested): unit, integration, admin, cron and the
+  # tests/admin): unit, integration, admin, cron, the Spark pipeline and the
   # multi-process exactly-once tests.
   local url
   url="$(mysql_url)"
@@ -222,7 +223,7 @@ run_mysql_suite() {
     return 0
   fi
   log "test suite on MariaDB/MySQL (${url})"
-  DATABASE_URL="$url" "$PY" -m pytest --ignore=tests/browser --ignore=tests/pipeline "$@"
+  DATABASE_URL="$url" "$PY" -m pytest --ignore=tests/browser "$@"
 }
 
 # -- the Django 6 leg: Python 3.12+ (Django 6 needs it) with django.tasks --------

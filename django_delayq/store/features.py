@@ -82,7 +82,7 @@ def _features(vendor: str, sqlite_version: tuple[int, ...]) -> Features:
         loose_index_scan=postgres or sqlite,
         row_estimate="pg_class" if postgres else "information_schema" if mysql else None,
         binary_text=mysql,
-        pipeline=postgres or sqlite,
+        pipeline=postgres or sqlite or mysql,
         inline_constants=postgres,
         group_commits=postgres,
     )

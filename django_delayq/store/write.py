@@ -36,6 +36,7 @@ from django_delayq.exceptions import DelayQError
 from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH, Message
 from django_delayq.status import FINISHED, Status
+from django_delayq.store import server
 from django_delayq.store.features import Features, features
 from django_delayq.store.rows import returned_columns, rows_from
 from django_delayq.store.sql import statement
@@ -346,6 +347,11 @@ class BulkLoad:
     sql: str  # the insert (PostgreSQL: with its counts, see load_counts)
     params: tuple[Any, ...]
     existing_sql: str = ""  # SQLite: how many loaded keys existed before
+    # MariaDB/MySQL: the temporary table to create, and with on_conflict="update"
+    # the upsert of keys that exist, run after ``sql`` (an INSERT IGNORE that
+    # writes the new keys only, so its row count is the created rows).
+    table_sql: str = ""
+    update_sql: str = ""
     # Grouped rows: what holds back the written messages that wait behind their
     # group (changes.hold_back_loaded), run after the insert in its transaction.
     hold_back_sql: str = ""
@@ -362,7 +368,11 @@ def bulk_load(
     on_conflict="update")`` means; only the source differs (and each row
     brings its own due time). Parameters are plain values (a ``TextChoices``
     member would make executors import Django to unpickle it); SQLite's
-    driver takes ``?`` placeholders.
+    driver takes ``?`` placeholders. MariaDB/MySQL, without ``RETURNING`` or
+    ``ON CONFLICT``: the insert is ``enqueue_many``'s ``INSERT IGNORE`` (its
+    row count is what it created), and ``update`` runs the same insert again
+    with ``ON DUPLICATE KEY UPDATE`` (``duplicate_key_update``, the twin of
+    ``update_conflicts``), whose row count is twice what it updated.
 
     ``grouped``: each row brings its group too (``grp``; "" for none), and,
     as :func:`write` does for grouped messages, the rows are written in the
@@ -403,6 +413,26 @@ def bulk_load(
         return BulkLoad(
             statement("load_counts", can).format(insert=built.sql),
             params,
+            hold_back_sql=hold_back_sql,
+            hold_back_params=hold_back_params,
+        )
+    if not can.returning:
+        # MariaDB/MySQL: INSERT IGNORE writes the new keys; with update, the
+        # same rows again with ON DUPLICATE KEY UPDATE rewrite the changed ones.
+        update_sql = ""
+        if update:
+            changed = statement("loaded_changed", can).format(table=table)
+            clause = statement("duplicate_key_update", can).format(table=table, changed=changed)
+            update_sql = f"{built.sql} {clause}"
+        return BulkLoad(
+            built.sql,
+            params,
+            table_sql=statement("loaded_table", can).format(
+                key_length=KEY_MAX_LENGTH,
+                group_length=GROUP_MAX_LENGTH,
+                collation=server.binary_collation(connection),
+            ),
+            update_sql=update_sql,
             hold_back_sql=hold_back_sql,
             hold_back_params=hold_back_params,
         )

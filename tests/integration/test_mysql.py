@@ -198,15 +198,6 @@ def test_racing_producers_create_each_key_exactly_once():
 
 @needs_mysql
 @pytest.mark.django_db
-def test_the_spark_pipeline_refuses_mysql_before_starting_spark(tmp_path):
-    from django.core.management.base import CommandError
-
-    with pytest.raises(CommandError, match="supports PostgreSQL and SQLite, not mysql"):
-        call_command("delayq_pipeline", "archive", "--dest", str(tmp_path))
-
-
-@needs_mysql
-@pytest.mark.django_db
 def test_the_share_locked_read_runs_under_repeatable_read(monkeypatch):
     enqueue("default", {"n": 1}, key="k1")
     enqueue("default", {"n": 2}, key="k2")

@@ -133,15 +133,3 @@ def read_archive(spark: Any) -> Callable[[Path | str], list[dict[str, Any]]]:
         return sorted((r.asDict() for r in df.collect()), key=lambda r: r["id"])
 
     return read
-
-
-def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """The pipeline reads and writes PostgreSQL or SQLite; on MariaDB/MySQL it
-    refuses to start (tests/integration/test_mysql.py checks that)."""
-    from django.db import connection
-
-    if connection.vendor == "mysql":
-        skip = pytest.mark.skip(reason="the Spark pipeline supports PostgreSQL and SQLite")
-        for item in items:
-            if "tests/pipeline/" in str(item.fspath).replace("\\", "/"):
-                item.add_marker(skip)

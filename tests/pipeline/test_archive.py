@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from django_delayq import operations
-from django_delayq.contrib.spark import PipelineError, archive_job, database
+from django_delayq.contrib.spark import PipelineError, archive_job, database, dbapi
 from django_delayq.models import Message
 from tests.conftest import ROOT, wait_for
 from tests.pipeline.conftest import finished, run_pipeline
@@ -198,6 +199,9 @@ def test_one_archive_run_per_database(tmp_path: Path) -> None:
 
         holder = psycopg.connect(**database.target("default").params, autocommit=True)
         holder.execute("SELECT pg_advisory_lock(hashtext(%s))", [database.ARCHIVE_LOCK])
+    elif connection.vendor == "mysql":
+        holder = dbapi.connect(database.target("default"))
+        holder.cursor().execute("SELECT GET_LOCK(%s, 0)", [database.lock_name("default")])
     else:
         import fcntl
 
@@ -243,6 +247,54 @@ def test_a_second_run_cannot_start_while_the_first_holds_the_lock(tmp_path: Path
     assert not table_ids() & set(old)
 
 
+@pytest.mark.skipif(
+    "connection.vendor != 'mysql'",
+    reason="the delete that reads and locks versions first is MariaDB/MySQL's "
+    "(PostgreSQL's is one statement on an id array; SQLite has one writer at a time)",
+)
+def test_the_delete_waits_only_for_the_rows_it_deletes() -> None:
+    """Delete tasks run side by side: a row another transaction holds elsewhere in the
+    table must not make a batch wait (as a scan of the whole table would)."""
+    old = populate()
+    target = database.target("default")
+    impatient = replace(target, init_sql=(*target.init_sql, "SET innodb_lock_wait_timeout = 1"))
+    plan = replace(database.delete_plan("default"), target=impatient)
+    message = Message.objects.get(pk=old[1])
+    version = (
+        message.pk,
+        message.status,
+        message.attempt_count,
+        (message.updated_at - dbapi.EPOCH) // dbapi.MICROSECOND,
+        (message.finished_at - dbapi.EPOCH) // dbapi.MICROSECOND,
+    )
+    holder = dbapi.connect(target)
+    try:
+        holder.cursor().execute(
+            "SELECT id FROM django_delayq_message WHERE id = %s FOR UPDATE", [old[0]]
+        )
+        assert next(dbapi.delete_partition(plan, [version])) == (1, 0)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert table_ids() & set(old) == set(old) - {old[1]}
+
+
+def test_the_named_lock_carries_its_database_within_64_characters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MariaDB/MySQL's named locks belong to the server, and their names have at most
+    64 characters: each database gets its own name, a long one hashed."""
+    monkeypatch.setitem(connection.settings_dict, "NAME", "shop")
+    assert database.lock_name("default") == "django_delayq.archive:shop"
+    names = set()
+    for last in "ab":
+        monkeypatch.setitem(connection.settings_dict, "NAME", "x" * 63 + last)
+        name = database.lock_name("default")
+        assert len(name) == 64 and name.startswith("django_delayq.archive:")
+        names.add(name)
+    assert len(names) == 2
+
+
 def lose_the_lock() -> None:
     """What a server or an operator can do to a run: the lock goes away under it."""
     if connection.vendor == "postgresql":
@@ -263,6 +315,17 @@ def lose_the_lock() -> None:
             ]
             assert len(pids) == 1, pids
             admin.execute("SELECT pg_terminate_backend(%s, 10000)", [pids[0]])
+    elif connection.vendor == "mysql":
+        # Named locks belong to the server; the name carries this database's.
+        admin = dbapi.connect(database.target("default"))
+        try:
+            cursor = admin.cursor()
+            cursor.execute("SELECT IS_USED_LOCK(%s)", [database.lock_name("default")])
+            (holder,) = cursor.fetchone()
+            assert holder is not None
+            cursor.execute(f"KILL {int(holder)}")
+        finally:
+            admin.close()
     else:  # the lock file removed: a second run would lock a new one
         os.unlink(f"{connection.settings_dict['NAME']}.delayq-archive.lock")
 

@@ -110,6 +110,26 @@ def test_report_without_archived_messages(tmp_path: Path) -> None:
     assert refused("report", "--source", str(tmp_path / "nope")).endswith("is not a directory")
 
 
+def test_missing_jdbc_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The archive reads through JDBC: without the driver's jar it stops before it starts."""
+    from django.db import connection
+
+    from django_delayq.contrib.spark import session
+
+    finished("q", "done")
+    missing = tmp_path / "driver.jar"
+    monkeypatch.setitem(session.JDBC_JARS, connection.vendor, str(missing))
+    monkeypatch.delenv("DELAYQ_SPARK_JARS", raising=False)
+    message = refused("archive", "--dest", str(tmp_path / "arch"), "--older-than", "0")
+    assert message == (
+        f"the JDBC driver for {connection.vendor} is missing ({missing} does not exist): "
+        f"apt-get install {session.JDBC_PACKAGES[connection.vendor]}, "
+        "or name its jar in DELAYQ_SPARK_JARS"
+    )
+    assert Message.objects.count() == 1
+    assert not (tmp_path / "arch").exists()
+
+
 def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "django", "delayq_pipeline", *args],

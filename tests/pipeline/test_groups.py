@@ -190,7 +190,7 @@ def test_group_and_order_columns_are_checked_before_spark_writes(
 
 def _due_text() -> str:
     now = clock.now()
-    if connection.vendor == "sqlite":
+    if connection.vendor != "postgresql":
         return str(connection.ops.adapt_datetimefield_value(now))
     return now.strftime("%Y-%m-%d %H:%M:%S.%f+00:00")
 

@@ -1038,7 +1038,7 @@ def test_prune_deletes_only_the_given_queues(fake_clock: FakeClock) -> None:
     assert a not in MESSAGE.pks() and c not in MESSAGE.pks()
 
 
-# -- the archive's delete (Spark pipeline: PostgreSQL and SQLite) ---------------------
+# -- the archive's delete (Spark pipeline) --------------------------------------------
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -1082,8 +1082,8 @@ def test_archived_delete_deletes_only_rows_still_at_their_archived_version(
             cursor.execute(statements["count_sql"], [ids])
             assert cursor.fetchone()[0] == 3
         else:
-            # SQLite: the current versions are read, compared by the caller,
-            # and the matching ids deleted.
+            # SQLite, MariaDB/MySQL: the current versions are read (locked on
+            # MariaDB/MySQL), compared by the caller, and the matching ids deleted.
             assert set(statements) == {"delete_sql", "select_sql"}
             cursor.execute(statements["select_sql"], [json_ids(ids)])
             current = {row[0]: row for row in cursor.fetchall()}

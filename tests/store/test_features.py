@@ -76,7 +76,7 @@ EXPECTED = {
         loose_index_scan=False,
         row_estimate="information_schema",
         binary_text=True,
-        pipeline=False,
+        pipeline=True,
         group_commits=False,
         inline_constants=False,
     ),

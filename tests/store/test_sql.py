@@ -105,7 +105,12 @@ USES: dict[str, Use] = {
     "loaded_payload": use(lambda f: f.pipeline),
     "loaded_due": use(lambda f: f.pipeline),
     "load_counts": use(lambda f: f.pipeline and f.inserted_flag, "insert"),
-    "loaded_existing": use(lambda f: f.pipeline and not f.inserted_flag, "table"),
+    "loaded_existing": use(lambda f: f.pipeline and f.returning and not f.inserted_flag, "table"),
+    "loaded_table": use(
+        lambda f: f.pipeline and not f.returning, "key_length", "group_length", "collation"
+    ),
+    "loaded_changed": use(lambda f: f.pipeline and not f.returning, "table"),
+    "duplicate_key_update": use(lambda f: f.pipeline and not f.returning, "table", "changed"),
 }
 
 

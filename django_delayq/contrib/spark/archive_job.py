@@ -46,7 +46,14 @@ from django.db.models import Count, Max, Min
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.contrib.spark import PipelineError, check_seconds, database, dbapi, jdbc
+from django_delayq.contrib.spark import (
+    PipelineError,
+    check_seconds,
+    database,
+    dbapi,
+    jdbc,
+    session,
+)
 from django_delayq.contrib.spark.storage import Storage
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import Message
@@ -338,6 +345,7 @@ def run_archive(
     hook: StageHook = on_stage or (lambda stage: None)
     options = validate_options(options)
     alias = str(options.database)
+    session.require_jdbc_driver(connections[alias].vendor)
     started = time.perf_counter()
     storage = Storage(spark, options.dest)
     storage.check_writable()

@@ -11,6 +11,7 @@ on_conflict="update")`` means).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_delayq.conf import get_config
 from django_delayq.contrib.spark import PipelineError
-from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan
+from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan, connect
 from django_delayq.models import Message
 from django_delayq.store import changes, write
 from django_delayq.store.features import features
@@ -38,7 +39,8 @@ def resolve_alias(alias: str | None) -> str:
     connection = connections[alias]
     if not features(connection).pipeline:
         raise PipelineError(
-            f"the Spark pipeline supports PostgreSQL and SQLite, not {connection.vendor}"
+            "the Spark pipeline supports PostgreSQL, MariaDB/MySQL and SQLite, "
+            f"not {connection.vendor}"
         )
     if connection.vendor == "sqlite" and _sqlite_path(connection) is None:
         raise PipelineError(
@@ -70,10 +72,35 @@ def target(alias: str) -> DbTarget:
             if k not in ("cursor_factory", "context")
         }
         return DbTarget("postgresql", params)
+    if connection.vendor == "mysql":
+        return _mysql_target(connection)
     options = connection.settings_dict.get("OPTIONS", {})
     params = {"database": _sqlite_path(connection), "timeout": float(options.get("timeout", 30))}
     init = tuple(s.strip() for s in str(options.get("init_command", "")).split(";") if s.strip())
     return DbTarget("sqlite", params, init)
+
+
+def _mysql_target(connection: BaseDatabaseWrapper) -> DbTarget:
+    """MySQLdb's parameters as Django makes them, less two things executors must not get.
+
+    Django's converters (``conv``) would make an executor import Django to
+    unpickle them, and its ``FOUND_ROWS`` client flag makes an ``ON
+    DUPLICATE KEY UPDATE`` that changes nothing count as a changed row: the
+    loader tells updated rows from untouched ones by that count.
+    """
+    from MySQLdb.constants import CLIENT
+
+    params = dict(connection.get_connection_params())
+    params.pop("conv", None)
+    flags = int(params.pop("client_flag", 0)) & ~CLIENT.FOUND_ROWS
+    if flags:
+        params["client_flag"] = flags
+    level = getattr(connection, "isolation_level", None)
+    init = (f"SET SESSION TRANSACTION ISOLATION LEVEL {level.upper()}",) if level else ()
+    return DbTarget("mysql", params, init)
+
+
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
 
 
 def identity(alias: str) -> str:
@@ -82,7 +109,8 @@ def identity(alias: str) -> str:
     if connection.vendor == "sqlite":
         return f"sqlite:{_sqlite_path(connection)}"
     s = connection.settings_dict
-    return f"postgresql://{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"
+    port = s["PORT"] or _DEFAULT_PORTS[connection.vendor]
+    return f"{connection.vendor}://{s['HOST'] or 'localhost'}:{port}/{s['NAME']}"
 
 
 def jdbc_options(alias: str) -> dict[str, str]:
@@ -96,19 +124,30 @@ def jdbc_options(alias: str) -> dict[str, str]:
     host = s["HOST"] or "localhost"
     if host.startswith("/"):
         host = "localhost"  # JDBC speaks TCP only; a socket directory means this machine
+    port = s["PORT"] or _DEFAULT_PORTS[connection.vendor]
+    if connection.vendor == "mysql":
+        # MariaDB's driver, under the jdbc:mysql scheme: Spark picks its
+        # dialect by the URL, and only its MySQL dialect quotes names with
+        # backticks (another would send "id", a string, to the server).
+        # permitMysqlScheme lets Connector/J 3 take such a URL (2.x does anyway).
+        url = f"jdbc:mysql://{host}:{port}/{s['NAME']}?permitMysqlScheme"
+    else:
+        url = f"jdbc:postgresql://{host}:{port}/{s['NAME']}"
     options = {
-        "url": f"jdbc:postgresql://{host}:{s['PORT'] or 5432}/{s['NAME']}",
-        "driver": JDBC_DRIVERS["postgresql"],
-        # Without a fetch size the PostgreSQL driver reads a whole result into memory.
+        "url": url,
+        "driver": JDBC_DRIVERS[connection.vendor],
+        # Without a fetch size the PostgreSQL and MariaDB drivers read a whole
+        # result into memory.
         "fetchsize": "10000",
     }
     if s["USER"]:
         options["user"] = s["USER"]
     if s["PASSWORD"]:
         options["password"] = s["PASSWORD"]
-    for name in ("sslmode", "sslrootcert", "sslcert", "sslkey"):
-        if s["OPTIONS"].get(name):
-            options[name] = str(s["OPTIONS"][name])
+    if connection.vendor == "postgresql":
+        for name in ("sslmode", "sslrootcert", "sslcert", "sslkey"):
+            if s["OPTIONS"].get(name):
+                options[name] = str(s["OPTIONS"][name])
     return options
 
 
@@ -146,6 +185,8 @@ def load_plan(
         notify_channel=notify,
         hold_back_sql=load.hold_back_sql,
         hold_back_params=load.hold_back_params,
+        table_sql=load.table_sql,
+        update_sql=load.update_sql,
     )
 
 
@@ -255,6 +296,63 @@ class _AdvisoryLock(ArchiveLock):
             self.conn.close()
 
 
+def lock_name(alias: str) -> str:
+    """MariaDB/MySQL: the archive's ``GET_LOCK`` name for this database.
+
+    Named locks belong to the server, not to a database: the name carries
+    the database's, hashed when it would pass the 64 characters a name may
+    have.
+    """
+    name = f"{ARCHIVE_LOCK}:{connections[alias].settings_dict['NAME']}"
+    if len(name) > 64:
+        digest = hashlib.sha256(name.encode()).hexdigest()
+        name = f"{ARCHIVE_LOCK}:{digest[: 63 - len(ARCHIVE_LOCK)]}"
+    return name
+
+
+class _NamedLock(ArchiveLock):
+    """MariaDB/MySQL: ``GET_LOCK`` on a connection of its own (see :class:`_AdvisoryLock`).
+
+    The server releases a named lock when its connection ends, so a killed
+    run leaves none behind; :meth:`check` asks the server whether this
+    connection still holds it.
+    """
+
+    def __init__(self, alias: str) -> None:
+        import MySQLdb
+
+        super().__init__(alias)
+        self._errors: type[Exception] = MySQLdb.Error
+        self.name = lock_name(alias)
+        self.conn = connect(target(alias))
+        try:
+            cursor = self.conn.cursor()
+            # Idle for as long as Spark works: the server's idle timeout must not end it.
+            cursor.execute("SET SESSION wait_timeout = 31536000")
+            cursor.execute("SELECT GET_LOCK(%s, 0)", [self.name])
+            row = cursor.fetchone()
+        except BaseException:
+            self.conn.close()
+            raise
+        if not (row and row[0] == 1):
+            self.conn.close()
+            raise _busy(alias)
+
+    def check(self, step: str) -> None:
+        try:
+            cursor = self.conn.cursor()
+            cursor.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", [self.name])
+            row = cursor.fetchone()
+        except self._errors as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise self._lost(f"its connection failed: {reason}", step) from exc
+        if not (row and row[0]):
+            raise self._lost("the server no longer shows it held", step)
+
+    def release(self) -> None:
+        self.conn.close()  # the connection ends, and its named locks with it
+
+
 class _FileLock(ArchiveLock):
     """SQLite: an ``flock`` on a file beside the database, held by this process."""
 
@@ -293,15 +391,19 @@ def archive_lock(alias: str) -> Iterator[ArchiveLock]:
     """One archive run per database at a time, released even if the process is killed.
 
     PostgreSQL: a transaction advisory lock held in an open transaction of a
-    dedicated connection (:class:`_AdvisoryLock`). SQLite: an ``flock`` on a file beside the
-    database. Both go away with the process, so a killed run never leaves a
-    stale lock for the re-run to trip over. The run calls ``check`` before
-    each step that publishes, deletes or closes its journal.
+    dedicated connection (:class:`_AdvisoryLock`). MariaDB/MySQL: a named lock
+    (``GET_LOCK``) on a dedicated connection (:class:`_NamedLock`). SQLite: an
+    ``flock`` on a file beside the database. All go away with the process, so
+    a killed run never leaves a stale lock for the re-run to trip over. The
+    run calls ``check`` before each step that publishes, deletes or closes its
+    journal.
     """
     connection = connections[alias]
     lock: ArchiveLock
     if connection.vendor == "postgresql":
         lock = _AdvisoryLock(alias)
+    elif connection.vendor == "mysql":
+        lock = _NamedLock(alias)
     else:
         lock = _FileLock(alias, Path(f"{_sqlite_path(connection)}.delayq-archive.lock"))
     try:

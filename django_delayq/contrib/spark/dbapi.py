@@ -47,9 +47,11 @@ _SQLITE_TEMP = (
 class DbTarget:
     """How an executor connects: the driver's Django connection, minus Django."""
 
-    vendor: str  # "postgresql" or "sqlite"
-    params: dict[str, Any]  # keyword arguments of psycopg.connect / sqlite3.connect
-    init_sql: tuple[str, ...] = ()  # SQLite PRAGMAs from OPTIONS["init_command"]
+    vendor: str  # "postgresql", "sqlite" or "mysql"
+    params: dict[str, Any]  # keyword arguments of psycopg / sqlite3 / MySQLdb.connect
+    # Run on connecting: SQLite's PRAGMAs from OPTIONS["init_command"];
+    # MariaDB/MySQL's isolation level (Django's is set the same way).
+    init_sql: tuple[str, ...] = ()
 
 
 def connect(target: DbTarget) -> Any:
@@ -57,6 +59,15 @@ def connect(target: DbTarget) -> Any:
         import psycopg
 
         return psycopg.connect(**target.params)
+    if target.vendor == "mysql":
+        import MySQLdb
+
+        conn = MySQLdb.connect(**target.params, autocommit=False)
+        cur = conn.cursor()
+        for statement in target.init_sql:
+            cur.execute(statement)
+        cur.close()
+        return conn
     conn = sqlite3.connect(**target.params, isolation_level=None)
     for statement in target.init_sql:
         conn.execute(statement)
@@ -80,6 +91,10 @@ class LoadPlan:
     # same transaction (store.changes.hold_back_loaded).
     hold_back_sql: str = ""
     hold_back_params: tuple[Any, ...] = ()
+    # MariaDB/MySQL: the temporary table's DDL, and with update the upsert of
+    # existing keys (store.write.bulk_load).
+    table_sql: str = ""
+    update_sql: str = ""
 
     @property
     def grouped(self) -> bool:
@@ -131,7 +146,8 @@ def write_partition(plan: LoadPlan, rows: Iterable[Any]) -> Iterator[tuple[int, 
     the rows that an earlier message of their group holds back (written by
     this batch, an earlier one, or anyone before), as ``enqueue_many`` does.
     """
-    writer = _write_postgresql if plan.target.vendor == "postgresql" else _write_sqlite
+    writers = {"postgresql": _write_postgresql, "mysql": _write_mysql}
+    writer = writers.get(plan.target.vendor, _write_sqlite)
     yield writer(plan, iter(rows)).as_tuple()
 
 
@@ -201,6 +217,41 @@ def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     return counts
 
 
+def _write_mysql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+    """MariaDB/MySQL: multi-row INSERTs into the temporary table, then INSERT IGNORE
+    (its row count: the keys it created) and, with update, the same rows with
+    ON DUPLICATE KEY UPDATE (2 per row it changed, 0 per row left alone: the
+    connection does not ask for found rows). Each batch is one transaction, the
+    temporary table's rows included, so a failed batch leaves nothing behind."""
+    counts = LoadCounts()
+    conn = connect(plan.target)
+    try:
+        cur = conn.cursor()
+        cur.execute(plan.table_sql)
+        columns = _columns(plan).replace("key", "`key`")
+        marks = ", ".join(["%s"] * (columns.count(",") + 1))
+        load = f"INSERT INTO delayq_load ({columns}) VALUES ({marks})"
+        while batch := list(islice(rows, plan.batch_rows)):
+            try:
+                cur.executemany(load, [(i, *r) for i, r in enumerate(batch)])
+                cur.execute(plan.upsert_sql, plan.upsert_params)
+                created, updated = cur.rowcount, 0
+                if plan.update_sql:
+                    cur.execute(plan.update_sql, plan.upsert_params)
+                    updated = cur.rowcount // 2
+                if plan.grouped:
+                    cur.execute(plan.hold_back_sql, plan.hold_back_params)
+                cur.execute("DELETE FROM delayq_load")
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+            counts.add(len(batch), created, updated)
+    finally:
+        conn.close()
+    return counts
+
+
 def _columns(plan: LoadPlan) -> str:
     return "ord, key, payload, due, grp" if plan.grouped else "ord, key, payload, due"
 
@@ -214,8 +265,9 @@ class DeletePlan:
 
     The statements come from the data-access layer (``store/sql``):
     PostgreSQL deletes matching versions in one statement and counts what
-    is left (``delete_sql``, ``count_sql``); SQLite reads the current
-    versions (``select_sql``), compares them here and deletes by id.
+    is left (``delete_sql``, ``count_sql``); SQLite and MariaDB/MySQL read
+    the current versions (``select_sql``: MariaDB/MySQL lock them), compare
+    them here and delete by id.
     """
 
     target: DbTarget
@@ -235,7 +287,7 @@ def delete_partition(plan: DeletePlan, rows: Iterable[Any]) -> Iterator[tuple[in
     retried from the admin since it was read (even one that has finished
     again) no longer matches, and stays. ``kept`` counts such rows.
     """
-    deleter = _delete_postgresql if plan.target.vendor == "postgresql" else _delete_sqlite
+    deleter = _delete_postgresql if plan.target.vendor == "postgresql" else _delete_checked
     deleted = kept = 0
     it = iter(rows)
     conn = connect(plan.target)
@@ -262,34 +314,45 @@ def _delete_postgresql(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[i
     return deleted, kept
 
 
-def _sqlite_micros(value: Any) -> int | None:
-    """Microseconds since the epoch of a datetime Django stored as text on SQLite."""
+def _micros(value: Any) -> int | None:
+    """Microseconds since the epoch of a datetime Django stored without a zone, in UTC:
+    text on SQLite, a naive ``datetime`` from MariaDB/MySQL's DATETIME(6)."""
     if value is None:
         return None
-    moment = datetime.fromisoformat(str(value))
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return (moment - EPOCH) // MICROSECOND
 
 
-def _delete_sqlite(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
+def _delete_checked(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
     wanted = {row[0]: tuple(row[1:]) for row in batch}
     ids = json.dumps(list(wanted))
-    # SQLite runs one writer at a time: between this IMMEDIATE transaction's
-    # read of the current versions and its DELETE, nothing else can write.
-    conn.execute("BEGIN IMMEDIATE")
+    sqlite = plan.target.vendor == "sqlite"
+    if sqlite:
+        # SQLite runs one writer at a time: between this IMMEDIATE transaction's
+        # read of the current versions and its DELETE, nothing else can write.
+        conn.execute("BEGIN IMMEDIATE")
+    # MariaDB/MySQL: the read locks the rows (FOR UPDATE) until the commit.
+    cur = conn.cursor()
     try:
-        current = conn.execute(plan.select_sql, [ids]).fetchall()
+        cur.execute(plan.select_sql, [ids])
+        current = cur.fetchall()
         matching = [
             pk
             for pk, status, attempts, updated_at, finished_at in current
             if status in plan.finished
-            and (status, attempts, _sqlite_micros(updated_at), _sqlite_micros(finished_at))
-            == wanted[pk]
+            and (status, attempts, _micros(updated_at), _micros(finished_at)) == wanted[pk]
         ]
-        conn.execute(plan.delete_sql, [json.dumps(matching)])
-        conn.execute("COMMIT")
+        cur.execute(plan.delete_sql, [json.dumps(matching)])
+        if sqlite:
+            conn.execute("COMMIT")
+        else:
+            conn.commit()
     except BaseException:
-        conn.execute("ROLLBACK")
+        if sqlite:
+            conn.execute("ROLLBACK")
+        else:
+            conn.rollback()
         raise
     return len(matching), len(current) - len(matching)

@@ -18,8 +18,10 @@ The job in three steps, all but the last read-only:
 3. **Each partition upserts its rows** through one connection
    (``dbapi.write_partition``): COPY into a temporary table, then one
    ``INSERT ... SELECT ... ON CONFLICT (queue, key)`` per 50,000 rows, each
-   its own transaction with one NOTIFY. Keys make it idempotent: a retried
-   task, or a re-run of the whole job, finds its rows already there.
+   its own transaction with one NOTIFY (MariaDB/MySQL: multi-row inserts
+   into the temporary table, ``INSERT IGNORE ... SELECT``, then with
+   ``update`` ``ON DUPLICATE KEY UPDATE``). Keys make it idempotent: a
+   retried task, or a re-run of the whole job, finds its rows already there.
 
 **Ordered groups** (``--group-column``): each row's group is that column's
 value as text (null or empty: no group; over 200 characters or holding NUL:
@@ -441,7 +443,8 @@ def _has_nul(col: Column, dtype: DataType) -> Column | None:
 
 
 def _django_datetime_text(ts: Column) -> Column:
-    """How Django writes a datetime on SQLite (``str()`` of the naive UTC value)."""
+    """How Django writes a datetime on SQLite and MariaDB/MySQL (``str()`` of the naive
+    UTC value; MariaDB/MySQL's DATETIME(6) parses it)."""
     from pyspark.sql import functions as F
 
     return F.when(

@@ -3,7 +3,9 @@
 The columns and their Spark types come from the model, so the archive's
 schema follows the table (a column added by a migration is archived too) and
 is the same whichever database it came from: on SQLite, where datetimes are
-text, they are read as text and converted in Spark, in the UTC session zone.
+text, and on MariaDB/MySQL, where Django stores them as DATETIME(6) in UTC
+without a zone (which a JDBC driver would read in the JVM's own zone), they
+are read as text and converted in Spark, in the UTC session zone.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def read_messages(
     connection = connections[alias]
     qn = connection.ops.quote_name
     fields = message_fields()
-    sqlite = connection.vendor == "sqlite"
+    naive = connection.vendor in ("sqlite", "mysql")  # datetimes without a zone, in UTC
     columns = ", ".join(qn(str(f.column)) for f in fields)
     query = (
         f"(SELECT {columns} FROM {database.table(alias)} "
@@ -88,7 +90,7 @@ def read_messages(
 
     def read_type(f: models.Field) -> str:
         kind = spark_type(f)
-        return "string" if sqlite and kind == "timestamp" else kind
+        return "string" if naive and kind == "timestamp" else kind
 
     partitions = max(
         spark.sparkContext.defaultParallelism, math.ceil(max(rows, 1) / ROWS_PER_PARTITION)
@@ -103,7 +105,7 @@ def read_messages(
         .option("numPartitions", str(partitions if upper > lower else 1))
         .load()
     )
-    if sqlite:
+    if naive:
         for f in fields:
             if spark_type(f) == "timestamp":
                 df = df.withColumn(str(f.column), F.col(str(f.column)).cast("timestamp"))

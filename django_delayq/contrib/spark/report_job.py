@@ -28,8 +28,10 @@ from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
+
 from django_delayq import fingerprint
-from django_delayq.contrib.spark import PipelineError, database, jdbc
+from django_delayq.contrib.spark import PipelineError, database, jdbc, session
 from django_delayq.contrib.spark.enqueue_job import is_url
 from django_delayq.contrib.spark.storage import java_message
 
@@ -121,7 +123,9 @@ def validate_options(options: ReportOptions) -> ReportOptions:
     if not os.access(options.out, os.W_OK):
         raise PipelineError(f"--out {options.out} is not writable")
     if options.include_live:
-        return replace(options, database=database.resolve_alias(options.database))
+        alias = database.resolve_alias(options.database)
+        session.require_jdbc_driver(connections[alias].vendor)
+        return replace(options, database=alias)
     return options
 
 

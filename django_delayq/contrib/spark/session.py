@@ -26,12 +26,23 @@ from django_delayq.contrib.spark import PipelineError, require_pyspark
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# Debian's libpostgresql-jdbc-java and libxerial-sqlite-jdbc-java.
+# Debian's libpostgresql-jdbc-java, libmariadb-java (MariaDB and MySQL) and
+# libxerial-sqlite-jdbc-java.
 JDBC_JARS = {
     "postgresql": "/usr/share/java/postgresql.jar",
+    "mysql": "/usr/share/java/mariadb-java-client.jar",
     "sqlite": "/usr/share/java/sqlite-jdbc.jar",
 }
-JDBC_DRIVERS = {"postgresql": "org.postgresql.Driver", "sqlite": "org.sqlite.JDBC"}
+JDBC_DRIVERS = {
+    "postgresql": "org.postgresql.Driver",
+    "mysql": "org.mariadb.jdbc.Driver",
+    "sqlite": "org.sqlite.JDBC",
+}
+JDBC_PACKAGES = {
+    "postgresql": "libpostgresql-jdbc-java",
+    "mysql": "libmariadb-java",
+    "sqlite": "libxerial-sqlite-jdbc-java",
+}
 JAVA_MIN_VERSION = 17
 JAVA_HINT = "apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
 LOCAL_MASTER = "local[*]"
@@ -91,6 +102,18 @@ def jdbc_jars() -> list[str]:
     jars = [path for path in JDBC_JARS.values() if Path(path).exists()]
     extra = os.environ.get("DELAYQ_SPARK_JARS", "")
     return jars + [j for j in extra.split(",") if j]
+
+
+def require_jdbc_driver(vendor: str) -> None:
+    """Raise :class:`PipelineError` unless Spark can load ``vendor``'s JDBC driver:
+    Debian's jar is there, or ``$DELAYQ_SPARK_JARS`` names jars (the driver's among
+    them). Checked before a job that reads through JDBC writes anything."""
+    if Path(JDBC_JARS[vendor]).exists() or os.environ.get("DELAYQ_SPARK_JARS"):
+        return
+    raise PipelineError(
+        f"the JDBC driver for {vendor} is missing ({JDBC_JARS[vendor]} does not exist): "
+        f"apt-get install {JDBC_PACKAGES[vendor]}, or name its jar in DELAYQ_SPARK_JARS"
+    )
 
 
 def ui_wanted() -> bool:
