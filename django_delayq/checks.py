@@ -392,3 +392,11 @@ def check_queue_models(app_configs: Any = None, **kwargs: Any) -> list[Error | W
                 )
             )
     return problems
+
+
+@register(Tags.compatibility)
+def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``DELAYQ["DATABASE"]`` and the database routers agree (E080, E081)."""
+    from django_delayq.routers import routing_problems
+
+    return routing_problems()

@@ -11,9 +11,8 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import router
 
-from django_delayq.models import Message
+from django_delayq.routers import queue_alias
 from django_delayq.worker import Worker
 
 
@@ -69,7 +68,11 @@ class Command(BaseCommand):
             action="store_true",
             help="Process everything due now, then exit 0.",
         )
-        parser.add_argument("--database", default=None, help="Database alias (default: router).")
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias of the queue (default: DELAYQ['DATABASE'], else the router).",
+        )
         parser.add_argument("--name", default=None, help="Worker name stored in locked_by.")
         parser.add_argument(
             "--metrics-port",
@@ -104,10 +107,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        # --database, else DELAYQ["DATABASE"], else the routers' choice.
+        try:
+            alias = queue_alias(options["database"])
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         # The database checks need a connection (the server's version: E050).
         self.check(
             tags=[Tags.database],
-            databases=[options["database"] or router.db_for_write(Message)],
+            databases=[alias],
         )
         try:
             worker = Worker(
@@ -115,7 +123,7 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 batch_size=options["batch_size"],
                 burst=options["burst"],
-                using=options["database"],
+                using=alias,
                 name=options["name"],
                 metrics_port=options.get("metrics_port"),
                 metrics_address=options.get("metrics_address"),
