@@ -225,12 +225,15 @@ def check_database(
     A database check: it connects, so it runs in ``migrate``, ``check
     --database ALIAS`` and at the start of ``run_delayq``.
     """
-    from django.db import connections
+    from django.db import connections, router
 
+    from django_delayq.models import Message
     from django_delayq.store import server
 
     errors: list[Error | Warning] = []
     for alias in databases or ():
+        if not router.allow_migrate_model(alias, Message):
+            continue  # the queue does not live there (DelayQRouter, E081)
         connection = connections[alias]
         problem = server.version_problem(connection)
         if problem:

@@ -5,7 +5,8 @@
 #                          tests, the linters and the pipeline use (as `test` does)
 #   scripts/dev.sh test    lint, checks, the docs, `dist` (below), the whole suite on PostgreSQL and
 #                          SQLite (and its core again on PostgreSQL with prepared
-#                          statements), on MariaDB/MySQL when one is reachable, then the
+#                          statements; the queue-on-its-own-database tests on two
+#                          databases of each), on MariaDB/MySQL when one is reachable, then the
 #                          Django 6 leg (below)
 #   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
 #   scripts/dev.sh dist    build the sdist and the wheel into dist/, twine check them, and
@@ -159,7 +160,22 @@ run_suite() {
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
   log "example project's tests on SQLite"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider example_project
+  run_queue_database_suite "$pg_url" "$sqlite_url"
   run_mysql_suite "$@"
+}
+
+run_queue_database_suite() {
+  # The queue on its own database: a second alias "queue" (a database next to
+  # the first), DELAYQ["DATABASE"] and DelayQRouter (tests/settings.py).
+  local pg_url="$1" sqlite_url="$2" base
+  base="${pg_url%%\?*}"
+  log "queue on its own database, PostgreSQL (${base}_queue)"
+  DATABASE_URL="$pg_url" DELAYQ_TEST_QUEUE_URL="${base}_queue${pg_url#"$base"}" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py \
+    tests/pipeline/test_queue_database.py
+  log "queue on its own database, SQLite (two files)"
+  DATABASE_URL="$sqlite_url" DELAYQ_TEST_QUEUE_URL="${sqlite_url%.sqlite3}-queue.sqlite3" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py
 }
 
 # -- MariaDB / MySQL: when DATABASE_URL points at one, or one answers locally -----

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -32,10 +33,12 @@ ARCHIVE_LOCK = "django_delayq.archive"
 
 
 def resolve_alias(alias: str | None) -> str:
-    """The alias to use (``--database``, else the router's), checked to be supported."""
-    alias = queue_alias(alias)
-    if alias not in connections.settings:
-        raise PipelineError(f"unknown database alias {alias!r} (see settings.DATABASES)")
+    """The alias to use (``--database``, else ``DELAYQ["DATABASE"]``, else the
+    router's), checked to be supported."""
+    try:
+        alias = queue_alias(alias)
+    except ImproperlyConfigured as exc:
+        raise PipelineError(str(exc)) from None
     connection = connections[alias]
     if not features(connection).pipeline:
         raise PipelineError(
