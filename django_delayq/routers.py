@@ -21,13 +21,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import router
 from django.db.models import Model
 
+from django_delayq.conf import get_config
+
 APP_LABEL = "django_delayq"
 
 
 def configured_alias() -> str | None:
     """``DELAYQ["DATABASE"]``, or None when the routers decide."""
-    from django_delayq.conf import get_config
-
     value = get_config().get("DATABASE")
     return value if isinstance(value, str) and value else None
 
@@ -113,8 +113,6 @@ def routing_problems() -> list[Any]:
     """
     from django.apps import apps
     from django.core.checks import Error
-
-    from django_delayq.conf import get_config
 
     value = get_config().get("DATABASE")
     if value is None:

@@ -207,6 +207,9 @@ run_mysql_suite() {
   fi
   log "test suite on MariaDB/MySQL (${url})"
   DATABASE_URL="$url" "$PY" -m pytest --ignore=tests/browser --ignore=tests/pipeline "$@"
+  log "queue on its own database, MariaDB/MySQL (${url}_queue)"
+  DATABASE_URL="$url" DELAYQ_TEST_QUEUE_URL="${url}_queue" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py
 }
 
 # -- the Django 6 leg: Python 3.12+ (Django 6 needs it) with django.tasks --------
