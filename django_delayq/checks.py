@@ -399,7 +399,7 @@ def check_queue_models(app_configs: Any = None, **kwargs: Any) -> list[Error | W
 
 @register(Tags.compatibility)
 def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
-    """``DELAYQ["DATABASE"]`` and the database routers agree (E080, E081)."""
-    from django_delayq.routers import routing_problems
+    """``DELAYQ["DATABASE"]`` and the database routers agree (E080, E081, W080)."""
+    from django_delayq.routers import model_queue_problems, routing_problems
 
-    return routing_problems()
+    return routing_problems() or model_queue_problems()

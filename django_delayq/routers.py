@@ -148,3 +148,37 @@ def routing_problems() -> list[Any]:
             id="django_delayq.E081",
         )
     ]
+
+
+def model_queue_problems() -> list[Any]:
+    """Models of ``@handler(..., model=...)`` whose rows the routers keep elsewhere (W080).
+
+    Workers claim every queue on the queue's database: the rows of a model
+    the project writes on another alias would never be claimed there (or a
+    stale copy of its table would be), so the model must live with the queue.
+    """
+    from django.core.checks import Warning
+
+    from django_delayq.registry import registry
+
+    try:
+        alias = queue_alias()
+    except ImproperlyConfigured:
+        return []  # E080 says why
+    problems = []
+    for spec in registry.all():
+        model = spec.model
+        if model is None:
+            continue
+        where = router.db_for_write(model)
+        if where != alias:
+            problems.append(
+                Warning(
+                    f"{model._meta.label} (queue {spec.queue!r}) is written on database "
+                    f"{where!r}, but workers claim its rows on the queue's database {alias!r}",
+                    hint=f"route the model to the queue's database, or keep the queue on {where!r}",
+                    obj=model,
+                    id="django_delayq.W080",
+                )
+            )
+    return problems

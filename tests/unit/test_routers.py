@@ -43,7 +43,17 @@ def routed(monkeypatch, *routers_: object) -> None:
 
 def ids(**delayq) -> list[str]:
     with override_settings(DELAYQ=delayq):
-        return [e.id for e in check_queue_database()]
+        return [e.id for e in routers.routing_problems()]
+
+
+class ProjectModelsOn:
+    """A project router that puts the test app's models on one alias."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def db_for_write(self, model, **hints):
+        return self.alias if model._meta.app_label == "testapp" else None
 
 
 def test_an_explicit_alias_wins_over_the_setting_and_the_routers(monkeypatch):
@@ -152,3 +162,16 @@ def test_no_module_asks_the_routers_for_the_queue_itself():
             ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert found == []
+
+
+def test_a_model_queue_written_on_another_database_is_w080(monkeypatch):
+    routed(monkeypatch, DelayQRouter(), ProjectModelsOn("nowhere"))
+    with override_settings(DELAYQ={"DATABASE": OTHER}):
+        found = check_queue_database()
+    shipments = [w for w in found if w.msg.startswith("testapp.Shipment ")]
+    assert [w.id for w in shipments] == ["django_delayq.W080"]
+    assert "written on database 'nowhere', but workers claim its rows" in shipments[0].msg
+    assert shipments[0].msg.endswith(f"on the queue's database {OTHER!r}")
+    routed(monkeypatch, DelayQRouter(), ProjectModelsOn(OTHER))
+    with override_settings(DELAYQ={"DATABASE": OTHER}):
+        assert check_queue_database() == []
