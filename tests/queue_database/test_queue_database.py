@@ -163,6 +163,15 @@ def test_run_delayq_refuses_an_unknown_database():
 
 
 @both
+def test_run_delayq_on_a_database_without_the_tables_says_to_migrate_it():
+    # --database overrides DELAYQ["DATABASE"]; default was never migrated for the queue.
+    with pytest.raises(
+        CommandError, match=r"not on database 'default'.*migrate --database default"
+    ):
+        call_command("run_delayq", "--burst", "--database", "default")
+
+
+@both
 def test_the_admin_lists_and_retries_messages_of_the_queue_database(admin_client):
     failed = enqueue("default", {"n": 1}, key="to-retry").message
     Message.objects.using("queue").filter(pk=failed.pk).update(

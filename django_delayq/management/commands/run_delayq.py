@@ -11,8 +11,10 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from django_delayq.routers import queue_alias
+from django_delayq.store import server
 from django_delayq.worker import Worker
 
 
@@ -117,6 +119,11 @@ class Command(BaseCommand):
             tags=[Tags.database],
             databases=[alias],
         )
+        if not server.has_queue_table(connections[alias]):
+            raise CommandError(
+                f"the queue's tables are not on database {alias!r}: "
+                f"run `manage.py migrate --database {alias}` first"
+            )
         try:
             worker = Worker(
                 options["queues"],
