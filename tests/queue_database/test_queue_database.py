@@ -128,6 +128,7 @@ def test_enqueue_on_commit_of_the_business_transaction_sends_nothing_for_a_rollb
     assert on_queue(key="committed")
 
 
+@pytest.mark.process
 @both_committed
 def test_a_run_delayq_process_consumes_the_queue_database(spawn_worker):
     pks = [r.message.pk for r in enqueue_many("default", [{"n": i} for i in range(5)])]
@@ -142,6 +143,7 @@ def test_a_run_delayq_process_consumes_the_queue_database(spawn_worker):
     assert WorkerState.objects.using("queue").exists()
 
 
+@pytest.mark.process
 @both_committed
 def test_a_serving_run_delayq_process_wakes_for_messages_on_the_queue_database(spawn_worker):
     worker = spawn_worker("--queue", "default")
