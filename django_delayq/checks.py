@@ -233,7 +233,7 @@ def check_database(
     errors: list[Error | Warning] = []
     for alias in databases or ():
         if not router.allow_migrate_model(alias, Message):
-            continue  # the queue does not live there (DelayQRouter, E081)
+            continue  # the queue does not live there (DelayQRouter, E091)
         connection = connections[alias]
         problem = server.version_problem(connection)
         if problem:
@@ -399,7 +399,7 @@ def check_queue_models(app_configs: Any = None, **kwargs: Any) -> list[Error | W
 
 @register(Tags.compatibility)
 def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
-    """``DELAYQ["DATABASE"]`` and the database routers agree (E080, E081, W080)."""
+    """``DELAYQ["DATABASE"]`` and the database routers agree (E090, E091, W090)."""
     from django_delayq.routers import model_queue_problems, routing_problems
 
     return routing_problems() or model_queue_problems()

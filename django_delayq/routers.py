@@ -9,7 +9,7 @@ those tables asks :func:`queue_alias`, so an explicit ``using=`` (or
 The setting alone does not move Django's own paths (the admin, the default
 manager, ``migrate``): they ask the routers. :class:`DelayQRouter`, added to
 ``DATABASE_ROUTERS``, makes them follow ``DELAYQ["DATABASE"]`` too, and the
-system check ``django_delayq.E081`` says when the routers disagree with it.
+system check ``django_delayq.E091`` says when the routers disagree with it.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class DelayQRouter:
 
 
 def routing_problems() -> list[Any]:
-    """``DELAYQ["DATABASE"]`` names no alias (E080), or the routers send the queue elsewhere (E081).
+    """``DELAYQ["DATABASE"]`` names no alias (E090), or the routers send the queue elsewhere (E091).
 
     Without :class:`DelayQRouter` (or a router of the project's that agrees),
     the admin and ``Message.objects`` would read the queue on another
@@ -123,7 +123,7 @@ def routing_problems() -> list[Any]:
             Error(
                 f"DELAYQ['DATABASE'] must be an alias of DATABASES or None, got {value!r}",
                 hint=f"known aliases: {known}",
-                id="django_delayq.E080",
+                id="django_delayq.E090",
             )
         ]
     wrong = []
@@ -145,13 +145,13 @@ def routing_problems() -> list[Any]:
             + "; ".join(wrong),
             hint="add 'django_delayq.routers.DelayQRouter' to DATABASE_ROUTERS, "
             "before routers that route every model",
-            id="django_delayq.E081",
+            id="django_delayq.E091",
         )
     ]
 
 
 def model_queue_problems() -> list[Any]:
-    """Models of ``@handler(..., model=...)`` whose rows the routers keep elsewhere (W080).
+    """Models of ``@handler(..., model=...)`` whose rows the routers keep elsewhere (W090).
 
     Workers claim every queue on the queue's database: the rows of a model
     the project writes on another alias would never be claimed there (or a
@@ -164,7 +164,7 @@ def model_queue_problems() -> list[Any]:
     try:
         alias = queue_alias()
     except ImproperlyConfigured:
-        return []  # E080 says why
+        return []  # E090 says why
     problems = []
     for spec in registry.all():
         model = spec.model
@@ -178,7 +178,7 @@ def model_queue_problems() -> list[Any]:
                     f"{where!r}, but workers claim its rows on the queue's database {alias!r}",
                     hint=f"route the model to the queue's database, or keep the queue on {where!r}",
                     obj=model,
-                    id="django_delayq.W080",
+                    id="django_delayq.W090",
                 )
             )
     return problems

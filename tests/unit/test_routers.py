@@ -1,4 +1,4 @@
-"""Which database the queue lives on: queue_alias, DelayQRouter, checks E080 and E081."""
+"""Which database the queue lives on: queue_alias, DelayQRouter, checks E090 and E091."""
 
 from __future__ import annotations
 
@@ -110,14 +110,14 @@ def test_the_setting_with_the_router_passes(monkeypatch):
 
 @pytest.mark.parametrize("value", ["nowhere", 3, ""])
 def test_a_database_that_is_no_alias_is_e080(value):
-    assert ids(DATABASE=value) == ["django_delayq.E080"]
+    assert ids(DATABASE=value) == ["django_delayq.E090"]
 
 
 def test_routers_that_disagree_with_the_setting_are_e081(monkeypatch):
     routed(monkeypatch, Elsewhere("nowhere"))
     with override_settings(DELAYQ={"DATABASE": OTHER}):
         (error,) = check_queue_database()
-    assert error.id == "django_delayq.E081"
+    assert error.id == "django_delayq.E091"
     assert "Message: db_for_write is 'nowhere'" in error.msg
     assert "django_delayq.routers.DelayQRouter" in error.hint
 
@@ -131,13 +131,13 @@ def test_a_router_that_moves_the_tables_elsewhere_is_e081(monkeypatch):
     # DelayQRouter comes first and allows the queue's alias: nothing to report.
     assert ids(DATABASE=OTHER) == []
     routed(monkeypatch, NoMigrate(), DelayQRouter())
-    assert ids(DATABASE=OTHER) == ["django_delayq.E081"]
+    assert ids(DATABASE=OTHER) == ["django_delayq.E091"]
 
 
 def test_a_bad_database_fails_manage_check():
     with (
         override_settings(DELAYQ={"DATABASE": "nowhere"}),
-        pytest.raises(SystemCheckError, match="E080"),
+        pytest.raises(SystemCheckError, match="E090"),
     ):
         call_command("check")
 
@@ -169,7 +169,7 @@ def test_a_model_queue_written_on_another_database_is_w080(monkeypatch):
     with override_settings(DELAYQ={"DATABASE": OTHER}):
         found = check_queue_database()
     shipments = [w for w in found if w.msg.startswith("testapp.Shipment ")]
-    assert [w.id for w in shipments] == ["django_delayq.W080"]
+    assert [w.id for w in shipments] == ["django_delayq.W090"]
     assert "written on database 'nowhere', but workers claim its rows" in shipments[0].msg
     assert shipments[0].msg.endswith(f"on the queue's database {OTHER!r}")
     routed(monkeypatch, DelayQRouter(), ProjectModelsOn(OTHER))
