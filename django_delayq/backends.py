@@ -52,12 +52,13 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router, transaction
+from django.db import transaction
 from django.utils.module_loading import import_string
 
 from django_delayq.exceptions import DelayQError, Retry
 from django_delayq.flow import check_group
 from django_delayq.payload import encode_payload
+from django_delayq.routers import queue_alias
 
 # Django 6 ships the framework as django.tasks (the type checker reads it);
 # on Django 5.2 the django-tasks backport has the same modules.
@@ -260,7 +261,6 @@ class DelayQBackend(BaseTaskBackend):
         outside one): a rolled-back call was never enqueued.
         """
         from django_delayq.enqueuing import enqueue
-        from django_delayq.models import Message
 
         self.validate_task(task)
         group = self.group_of(task, args, kwargs)
@@ -287,7 +287,7 @@ class DelayQBackend(BaseTaskBackend):
             group=group,
         ).message
         result = to_task_result(message, task)
-        alias = router.db_for_write(Message)
+        alias = queue_alias()
         transaction.on_commit(
             lambda: task_enqueued.send(type(self), task_result=result), using=alias
         )

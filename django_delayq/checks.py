@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 
 from django_delayq.conf import DEFAULTS, DURATION_SETTINGS, MAX_DELAY
 from django_delayq.models import MAX_ATTEMPTS_LIMIT
@@ -230,12 +231,15 @@ def check_database(
     A database check: it connects, so it runs in ``migrate``, ``check
     --database ALIAS`` and at the start of ``run_delayq``.
     """
-    from django.db import connections
+    from django.db import connections, router
 
+    from django_delayq.models import Message
     from django_delayq.store import server
 
     errors: list[Error | Warning] = []
     for alias in databases or ():
+        if not router.allow_migrate_model(alias, Message):
+            continue  # the queue does not live there (DelayQRouter, E091)
         connection = connections[alias]
         problem = server.version_problem(connection)
         if problem:
@@ -430,9 +434,9 @@ def check_queue_models(app_configs: Any = None, **kwargs: Any) -> list[Error | W
 def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """``LISTEN_DATABASE`` names a PostgreSQL alias of the queue's database (E080, E081, W081)."""
     from django.conf import settings
-    from django.db import connections, router
+    from django.db import connections
 
-    from django_delayq.models import Message
+    from django_delayq.routers import queue_alias
 
     user = getattr(settings, "DELAYQ", {})
     alias = user.get("LISTEN_DATABASE") if isinstance(user, dict) else None
@@ -456,7 +460,10 @@ def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[Error 
                 id="django_delayq.E081",
             )
         ]
-    using = router.db_for_write(Message)
+    try:
+        using = queue_alias()
+    except ImproperlyConfigured:
+        return []  # E090 says why
     listen_name = databases[alias].get("NAME")
     queue_name = databases.get(using, {}).get("NAME")
     if listen_name != queue_name:
@@ -482,14 +489,15 @@ def check_notifications(
     pooler in transaction mode is not visible in the settings, so this one
     LISTENs and NOTIFYs for real (``worker.listen``), in at most two seconds.
     """
-    from django.db import router
-
     from django_delayq.conf import get_config, to_timedelta
-    from django_delayq.models import Message
+    from django_delayq.routers import queue_alias
     from django_delayq.worker.listen import probe_mode
 
     config = get_config()
-    using = router.db_for_write(Message)
+    try:
+        using = queue_alias()
+    except ImproperlyConfigured:
+        return []  # E090 says why
     if using not in (databases or ()) or config["NOTIFY"] is not True:
         return []
     try:
@@ -506,3 +514,11 @@ def check_notifications(
             id="django_delayq.W080",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """``DELAYQ["DATABASE"]`` and the database routers agree (E090, E091, W090)."""
+    from django_delayq.routers import model_queue_problems, routing_problems
+
+    return routing_problems() or model_queue_problems()

@@ -18,6 +18,13 @@ from typing import Any
 from django.conf import settings
 
 DEFAULTS: dict[str, Any] = {
+    # The DATABASES alias the queue's tables live on (Message, queue, flow
+    # and worker state); None: where the database routers send Message
+    # ("default" without routers). An explicit using= or --database wins.
+    # Add "django_delayq.routers.DelayQRouter" to DATABASE_ROUTERS so that
+    # the admin and migrate follow it; enqueue is then not part of a
+    # transaction on another alias (see the deployment guide).
+    "DATABASE": None,
     # How long a claimed message stays invisible to other workers. The
     # worker extends it while the handler runs, so this bounds how long a
     # crashed worker's message waits before it is redelivered.

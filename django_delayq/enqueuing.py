@@ -1,10 +1,14 @@
 """Enqueueing messages: the public API, its validation and its outcomes.
 
-Everything is written through the caller's connection and transaction, so a
-message enqueued inside ``transaction.atomic()`` exists exactly when the
-business data that caused it does. Validation happens before the first
-statement: a bad argument raises and writes nothing. The writing itself is
-``store.write``'s, the one write path of new messages.
+Everything is written through the connection and transaction of the queue's
+database (``routers.queue_alias``), so a message enqueued inside
+``transaction.atomic()`` on that database exists exactly when the business
+data that caused it does. When the queue lives on another database than the
+business data, a transaction on the business database does not hold the
+message: it is written (and committed) on the queue's own connection.
+Validation happens before the first statement: a bad argument raises and
+writes nothing. The writing itself is ``store.write``'s, the one write path
+of new messages.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_delayq import clock, signals
@@ -28,6 +32,7 @@ from django_delayq.flow import check_group
 from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
+from django_delayq.routers import queue_alias
 from django_delayq.store import write
 from django_delayq.store.write import Outcome
 from django_delayq.values import check_text
@@ -132,6 +137,11 @@ def enqueue(
     raising :class:`DuplicateMessage`). ``group`` puts it in an ordered
     group: the messages of one group in one queue run one at a time, in the
     order they were enqueued (a message's group is set when it is created).
+
+    ``using`` names the database (default: ``DELAYQ["DATABASE"]``, else the
+    routers' choice). The message joins the open transaction of that
+    database's connection only: inside ``transaction.atomic()`` on another
+    alias it commits at once, whatever that transaction does later.
     """
     return enqueue_many(
         queue,
@@ -221,7 +231,7 @@ def enqueue_many(
         now=now,
         group=group,
     )
-    alias = using or router.db_for_write(Message)
+    alias = queue_alias(using)
     connection = connections[alias]
     keys = list(first_index)
     texts = {k: encoded[i] for k, i in first_index.items()}

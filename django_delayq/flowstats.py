@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from django.db import router
 from django.db.models import Count, QuerySet
 
 from django_delayq.conf import get_config
 from django_delayq.flow import Scope, continuing_queues, limits_of
 from django_delayq.models import Message
 from django_delayq.registry import registry
+from django_delayq.routers import queue_alias
 from django_delayq.store.limits import starts_in_window
 from django_delayq.store.queries import distinct_values
 
@@ -129,7 +129,7 @@ def flow_stats(
     per rate for its window, and, for a scope that is full, one probe for a
     due message.
     """
-    alias = using or router.db_for_read(Message)
+    alias = queue_alias(using, read=True)
     names = sorted(set(known_queues(alias) if queues is None else queues))
     if not names:
         return []

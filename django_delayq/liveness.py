@@ -21,11 +21,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, transaction
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import Message, WorkerState
+from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 
 logger = logging.getLogger("django_delayq.worker")
@@ -35,7 +36,7 @@ FORGET_AFTER = timedelta(days=1)
 
 
 def _db(using: str | None) -> str:
-    return using or router.db_for_write(WorkerState)
+    return queue_alias(using)
 
 
 def dead_after() -> timedelta:

@@ -42,13 +42,14 @@ from datetime import datetime, timedelta
 from functools import reduce
 from typing import Any, cast
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Count, Expression, Q, QuerySet
 
 from django_delayq import clock
 from django_delayq.enqueuing import check_priority, resolve_run_at
 from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
+from django_delayq.routers import model_alias, queue_alias
 from django_delayq.store import changes
 from django_delayq.store.queries import QueueQuerySet, categories
 from django_delayq.store.write import notify
@@ -175,7 +176,7 @@ def _apply(
             "expected a Message queryset or one of a model with QueueFields, "
             f"got one of {model.__name__}"
         )
-    alias = cast(Any, queryset)._db or router.db_for_write(model)
+    alias = model_alias(model, cast(Any, queryset)._db)
     queryset = queryset.using(alias).order_by()
     now = clock.sql_now()
     conditions = categories(now)
@@ -334,7 +335,7 @@ def category(message: Message, now: datetime | None = None) -> str:
     given: then judged here, on that time.
     """
     if now is None:
-        alias = message._state.db or router.db_for_read(Message)
+        alias = message._state.db or queue_alias(read=True)
         rows: QueueQuerySet[Any] = QueueQuerySet(type(message)).using(alias).filter(pk=message.pk)
         counts = rows.categorised()
         found = next((name for name, n in counts.items() if n), None)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import router, transaction
+from django.db import transaction
 
 from django_delayq import clock
 from django_delayq.models import QueueState
 from django_delayq.registry import validate_queue_name
+from django_delayq.routers import queue_alias
 
 
 def pause_queue(queue: str, *, by: str = "", reason: str = "", using: str | None = None) -> bool:
@@ -29,7 +30,7 @@ def pause_queue(queue: str, *, by: str = "", reason: str = "", using: str | None
     for name, text in (("reason", reason), ("by", by)):
         if "\x00" in text:  # PostgreSQL's text cannot hold it
             raise ValueError(f"{name} contains a NUL character (\\x00)")
-    alias = using or router.db_for_write(QueueState)
+    alias = queue_alias(using)
     now = clock.now()
     changes = {
         "paused": True,
@@ -53,7 +54,7 @@ def pause_queue(queue: str, *, by: str = "", reason: str = "", using: str | None
 def resume_queue(queue: str, *, using: str | None = None) -> bool:
     """Let workers claim from ``queue`` again; False if it was not paused."""
     queue = validate_queue_name(queue)
-    alias = using or router.db_for_write(QueueState)
+    alias = queue_alias(using)
     return bool(
         QueueState.objects.using(alias)
         .filter(queue=queue, paused=True)
@@ -63,7 +64,7 @@ def resume_queue(queue: str, *, using: str | None = None) -> bool:
 
 def paused_queues(queues: Iterable[str] | None = None, *, using: str | None = None) -> set[str]:
     """The paused queues among ``queues`` (all paused queues if None)."""
-    rows = QueueState.objects.using(using or router.db_for_read(QueueState)).filter(paused=True)
+    rows = QueueState.objects.using(queue_alias(using, read=True)).filter(paused=True)
     if queues is not None:
         rows = rows.filter(queue__in=list(queues))
     return set(rows.values_list("queue", flat=True))
@@ -73,7 +74,7 @@ def queue_states(
     queues: Iterable[str] | None = None, *, using: str | None = None
 ) -> dict[str, QueueState]:
     """The stored state of each queue that has one (paused or resumed)."""
-    rows = QueueState.objects.using(using or router.db_for_read(QueueState)).all()
+    rows = QueueState.objects.using(queue_alias(using, read=True)).all()
     if queues is not None:
         rows = rows.filter(queue__in=list(queues))
     return {state.queue: state for state in rows}

@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import router
-
 from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
+from django_delayq.routers import queue_alias
 from django_delayq.store.queries import estimated_count, minute
 
 S = Message.Status
@@ -43,9 +42,7 @@ class QueueStats:
 def queue_stats(queues: list[str] | None = None, using: str | None = None) -> list[QueueStats]:
     now = clock.now()
     rows = (
-        Message.objects.using(using or router.db_for_read(Message))
-        .in_queues(queues)
-        .totals_by_queue(now)
+        Message.objects.using(queue_alias(using, read=True)).in_queues(queues).totals_by_queue(now)
     )
     return [QueueStats(now=now, **row) for row in rows]
 
@@ -134,7 +131,7 @@ def throughput(
     using: str | None = None,
 ) -> list[ThroughputPoint]:
     """Messages finished per minute over ``window``, oldest first, gaps as zeros."""
-    alias = using or router.db_for_read(Message)
+    alias = queue_alias(using, read=True)
     now = now or clock.now()
     first = minute(now - window) + timedelta(minutes=1)
     counts = Message.objects.using(alias).in_queues(queues).finished_per_minute(first)
@@ -150,7 +147,7 @@ def throughput(
 
 def dashboard(queues: list[str] | None = None, using: str | None = None) -> Dashboard:
     """Everything the admin dashboard shows, in five indexed queries."""
-    alias = using or router.db_for_read(Message)
+    alias = queue_alias(using, read=True)
     now = clock.now()
     rows = Message.objects.using(alias).in_queues(queues)
     active = rows.depth_by_queue(now)

@@ -45,7 +45,6 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
-from django.db import router
 from django.db.models import Min
 from django.utils import timezone
 
@@ -53,6 +52,7 @@ from django_delayq import clock, signals
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
+from django_delayq.routers import queue_alias
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -138,7 +138,7 @@ def run_pending(
     from django_delayq.worker.execute import Result, execute
 
     queues = resolve_queues(_queues(queue))
-    alias = using or router.db_for_write(Message)
+    alias = queue_alias(using)
     lease = to_timedelta(get_config()["LEASE"])
     paused = paused_queues(queues, using=alias)
     active = [q for q in queues if q not in paused]
@@ -208,9 +208,7 @@ def enqueued(
 
     Filters are exact: ``payload`` compares the decoded JSON as a whole.
     """
-    qs = Message.objects.using(using or router.db_for_read(Message)).filter(
-        status=Message.Status.PENDING
-    )
+    qs = Message.objects.using(queue_alias(using, read=True)).filter(status=Message.Status.PENDING)
     queues = _queues(queue)
     if queues is not None:
         qs = qs.filter(queue__in=queues)
@@ -364,7 +362,7 @@ class DelayQ:
         from django_delayq.worker import resolve_queues
 
         queues = resolve_queues(_queues(queue))
-        alias = self.using or router.db_for_read(Message)
+        alias = queue_alias(self.using, read=True)
         attempts: list[Attempt] = []
         while True:
             attempts += self.run_pending(queues, limit=limit - len(attempts))

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import router, transaction
+from django.db import transaction
 
 from django_delayq import operations
 from django_delayq.exceptions import DelayQError
 from django_delayq.fingerprint import normalise, normalise_message, split_error
 from django_delayq.models import Message
 from django_delayq.payload import check_payload
+from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 from django_delayq.store.queries import MessageQuerySet
 
@@ -30,7 +31,7 @@ S = Message.Status
 
 def failing(using: str | None = None) -> MessageQuerySet:
     """Messages to triage: failed, or pending again after a recorded error."""
-    return Message.objects.using(using or router.db_for_read(Message)).failing()
+    return Message.objects.using(queue_alias(using, read=True)).failing()
 
 
 def group_messages(
@@ -100,7 +101,7 @@ def failure_groups(
     primary-key lookup for a sample error per group (the newest member's:
     members normalise alike). "Seen" is the time of the failing attempt.
     """
-    alias = using or router.db_for_read(Message)
+    alias = queue_alias(using, read=True)
     rows = Message.objects.using(alias).in_queues(queues).failure_groups()
     sums: dict[str, _Sums] = {}
     for row in rows:
@@ -150,7 +151,7 @@ def retry_group(
 ) -> operations.OperationResult:
     """Run a group again now: failed messages go back to pending (``retry_failed``),
     retrying ones waiting for their backoff become due now (``run_now``)."""
-    group = group_messages(fingerprint, queues, using=using or router.db_for_write(Message))
+    group = group_messages(fingerprint, queues, using=queue_alias(using))
     # run_now first: after retry_failed the retried messages are pending too.
     waiting = operations.run_now(group.filter(status=S.PENDING), dry_run=dry_run)
     retried = operations.retry_failed(
@@ -167,7 +168,7 @@ def cancel_group(
     using: str | None = None,
 ) -> operations.OperationResult:
     """Cancel a group's retrying messages; failed ones are finished already (skipped)."""
-    group = group_messages(fingerprint, queues, using=using or router.db_for_write(Message))
+    group = group_messages(fingerprint, queues, using=queue_alias(using))
     return operations.cancel(group, dry_run=dry_run)
 
 
@@ -199,7 +200,7 @@ def edit_payload_and_retry(
     that a worker, another operator or a re-enqueue changed meanwhile.
     """
     check_payload(payload)
-    alias = using or router.db_for_write(Message)
+    alias = queue_alias(using)
     with transaction.atomic(using=alias):
         if not changes.replace_failed_payload(message_id, payload, using=alias):
             return False

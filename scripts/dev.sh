@@ -5,7 +5,8 @@
 #                          tests, the linters and the pipeline use (as `test` does)
 #   scripts/dev.sh test    lint, checks, the docs, `dist` (below), the whole suite on PostgreSQL and
 #                          SQLite (and its core again on PostgreSQL with prepared
-#                          statements, and through PgBouncer), on MariaDB/MySQL when one is reachable, then the
+#                          statements, and through PgBouncer; the queue-on-its-own-database
+#                          tests on two databases of each), on MariaDB/MySQL when one is reachable, then the
 #                          Django 6 leg (below)
 #   scripts/dev.sh pgbouncer  only the core suite through PgBouncer (the leg of `test`)
 #   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
@@ -164,36 +165,12 @@ run_suite() {
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
   log "example project's tests on SQLite"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider example_project
+  run_queue_database_suite "$pg_url" "$sqlite_url"
   run_mysql_suite "$@"
 }
 
-# -- PgBouncer: the core through a pooler in transaction mode --------------------
-
-# What a pooled deployment exercises: enqueue, claims, acknowledgements, leases,
-# cron, locks (integration, store), real run_delayq processes and the short chaos
-# run, in about four minutes. Left out: tests/unit (no database), the admin and
-# the pipeline, the state machine's long random walk (one connection, the
-# statements integration covers) and the multi-process flow control runs (a
-# minute of waiting on rate windows; their claims run through the pool in
-# tests/integration).
-PGBOUNCER_TESTS=(
-  tests/integration tests/store tests/process tests/chaos
-  --ignore=tests/store/test_state_machine.py --ignore=tests/process/test_flow_control.py
-)
-
-run_pgbouncer_suite() {
-  # Every statement through PgBouncer (pool_mode = transaction, a pool of 2,
-  # scripts/ensure-pgbouncer.sh); the workers' LISTEN and the tests that need a
-  # session of their own on the direct alias "direct" (DELAYQ_TEST_DIRECT_URL).
-  local pooled
-  pooled="$(scripts/ensure-pgbouncer.sh "$1")"
-  log "core suite through PgBouncer ($pooled, transaction pooling)"
-  if ! DATABASE_URL="$pooled" DELAYQ_TEST_DIRECT_URL="$1" "$PY" -m pytest -q -p no:cacheprovider \
-      "${PGBOUNCER_TESTS[@]}"; then
-    scripts/ensure-pgbouncer.sh stop
-    return 1
-  fi
-  scripts/ensure-pgbouncer.sh stop
+#                          statements, and through PgBouncer; the queue-on-its-own-database
+#                          tests on two databases of each), on MariaDB/MySQL when one is reachable, then the
 }
 
 # -- MariaDB / MySQL: when DATABASE_URL points at one, or one answers locally -----
@@ -224,6 +201,9 @@ run_mysql_suite() {
   fi
   log "test suite on MariaDB/MySQL (${url})"
   DATABASE_URL="$url" "$PY" -m pytest --ignore=tests/browser "$@"
+  log "queue on its own database, MariaDB/MySQL (${url}_queue)"
+  DATABASE_URL="$url" DELAYQ_TEST_QUEUE_URL="${url}_queue" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py
 }
 
 # -- the Django 6 leg: Python 3.12+ (Django 6 needs it) with django.tasks --------

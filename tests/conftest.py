@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from django_delayq import clock
@@ -178,6 +178,8 @@ def worker_env(transactional_db: None) -> dict[str, str]:
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["DELAYQ_TEST_DATABASE_NAME"] = str(connection.settings_dict["NAME"])
+    if "queue" in settings.DATABASES:
+        env["DELAYQ_TEST_QUEUE_DATABASE_NAME"] = str(connections["queue"].settings_dict["NAME"])
     env.setdefault("DELAYQ_LOG_LEVEL", "INFO")
     return env
 
@@ -204,11 +206,14 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     the pooler's server connections to the test database afterwards, so that
     it can be dropped.
     """
-    if connection.vendor == "mysql":
+    from django_delayq.routers import queue_alias
+
+    queue_connection = connections[queue_alias()]
+    if queue_connection.vendor == "mysql":
         from django_delayq.store import server
 
-        with django_db_blocker.unblock(), connection.cursor() as cursor:
-            cursor.execute(server.binary_columns_sql(connection))
+        with django_db_blocker.unblock(), queue_connection.cursor() as cursor:
+            cursor.execute(server.binary_columns_sql(queue_connection))
     yield
     if "direct" in settings.DATABASES:
         from tests.pooler import end_pooled_sessions

@@ -57,6 +57,23 @@ if os.environ.get("DELAYQ_TEST_DATABASE_NAME"):
     _db["NAME"] = os.environ["DELAYQ_TEST_DATABASE_NAME"]
     if "direct" in DATABASES:
         DATABASES["direct"]["NAME"] = _db["NAME"]
+# The queue on its own database: DELAYQ_TEST_QUEUE_URL adds the alias "queue"
+# (same engine options as default), DELAYQ["DATABASE"] and the router below.
+if os.environ.get("DELAYQ_TEST_QUEUE_URL"):
+    _queue_db = env.db_url_config(os.environ["DELAYQ_TEST_QUEUE_URL"])
+    if _queue_db["ENGINE"] == _db["ENGINE"]:
+        _queue_db["OPTIONS"] = dict(_db.get("OPTIONS", {}))
+        _queue_db.setdefault("TEST", {}).update(
+            {k: v for k, v in _db.get("TEST", {}).items() if k != "NAME"}
+        )
+    if _queue_db["ENGINE"] == "django.db.backends.sqlite3":
+        _queue_db.setdefault("TEST", {})["NAME"] = (
+            _queue_db["NAME"].replace(".sqlite3", "") + "-test.sqlite3"
+        )
+    if os.environ.get("DELAYQ_TEST_QUEUE_DATABASE_NAME"):
+        _queue_db["NAME"] = os.environ["DELAYQ_TEST_QUEUE_DATABASE_NAME"]
+    DATABASES["queue"] = _queue_db
+    DATABASE_ROUTERS = ["django_delayq.routers.DelayQRouter"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -96,6 +113,8 @@ DELAYQ = {
 if "direct" in DATABASES:
     # DELAYQ_TEST_LISTEN_DATABASE="" makes a worker LISTEN through the pooler.
     DELAYQ["LISTEN_DATABASE"] = os.environ.get("DELAYQ_TEST_LISTEN_DATABASE", "direct") or None
+if "queue" in DATABASES:
+    DELAYQ["DATABASE"] = "queue"
 if os.environ.get("DELAYQ_TEST_LEASE"):
     DELAYQ["LEASE"] = float(os.environ["DELAYQ_TEST_LEASE"])
 if os.environ.get("DELAYQ_TEST_POLL"):

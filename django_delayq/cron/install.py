@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, router, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 
 from django_delayq import clock
@@ -37,6 +37,7 @@ from django_delayq.cron.spec import (
     tick_of,
 )
 from django_delayq.models import Message
+from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 from django_delayq.store.server import is_transient
 
@@ -69,7 +70,7 @@ class InstallReport:
 
 
 def _db(using: str | None) -> str:
-    return using or router.db_for_write(Message)
+    return queue_alias(using)
 
 
 def _tick_rows(queues: Iterable[str], alias: str) -> list[TickRow]:

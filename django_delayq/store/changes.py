@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, cast
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import (
     Case,
     DateTimeField,
@@ -52,6 +52,7 @@ from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
 from django_delayq.flow import failure_blocks
 from django_delayq.models import Message
+from django_delayq.routers import model_alias
 from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.features import features
 from django_delayq.store.queries import due_condition, held_condition
@@ -64,7 +65,7 @@ CLAIM_ORDER = ("-priority", "next_attempt_time")
 
 
 def _db(using: str | None, model: type[Model] = Message) -> str:
-    return using or router.db_for_write(model)
+    return model_alias(model, using)
 
 
 @cache

@@ -29,12 +29,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import router, transaction
+from django.db import transaction
 from django.db.models import Count, Min
 
 from django_delayq import clock
 from django_delayq.flow import Rate, Scope
 from django_delayq.models import FlowStart, FlowState, Message
+from django_delayq.routers import queue_alias
 from django_delayq.status import Status
 from django_delayq.store.changes import Claim, claim
 
@@ -78,7 +79,7 @@ def claim_limited(
     ``kinds`` narrows the claim as :func:`changes.claim` does (a limited
     kind is claimed apart from the rest of its queue).
     """
-    alias = using or router.db_for_write(Message)
+    alias = queue_alias(using)
     ordered = sorted(scopes, key=lambda s: (s.queue, s.kind))
     with transaction.atomic(using=alias):
         flows = [_lock(alias, scope) for scope in ordered]
@@ -186,7 +187,7 @@ def starts_in_window(scope: Scope, *, using: str | None = None) -> int:
     """
     if scope.rate is None:
         return 0
-    alias = using or router.db_for_read(FlowStart)
+    alias = queue_alias(using, read=True)
     return (
         FlowStart.objects.using(alias)
         .filter(

@@ -19,11 +19,12 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
-from django.db import connections, models, router
+from django.db import connections, models
 from django.db.models import Count, Exists, Expression, Max, Min, OuterRef, Q
 from django.db.models.functions import TruncMinute
 
 from django_delayq import clock
+from django_delayq.routers import queue_alias
 from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
@@ -338,7 +339,7 @@ def distinct_values(column: str, *, limit: int = 200, using: str | None = None) 
     if column not in DISTINCT_COLUMNS:
         raise ValueError(f"column must be one of {tuple(DISTINCT_COLUMNS)}, got {column!r}")
     message = _message_model()
-    alias = using or router.db_for_read(message)
+    alias = queue_alias(using, read=True)
     connection = connections[alias]
     can = features(connection)
     if not can.loose_index_scan:
@@ -364,7 +365,7 @@ def estimated_count(using: str | None = None) -> int | None:
     None on SQLite, and while there is no estimate yet.
     """
     message = _message_model()
-    connection = connections[using or router.db_for_read(message)]
+    connection = connections[queue_alias(using, read=True)]
     can = features(connection)
     if can.row_estimate is None:
         return None

@@ -103,6 +103,13 @@ def collation_problems(connection: BaseDatabaseWrapper) -> list[str]:
     ]
 
 
+def has_queue_table(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the message table exists there: a worker on a database that was never
+    migrated would otherwise retry its failing claims forever."""
+    with connection.cursor() as cursor:
+        return Message._meta.db_table in connection.introspection.table_names(cursor)
+
+
 def binary_collation(connection: BaseDatabaseWrapper) -> str:
     """Byte-wise and without padding: ``"a"``, ``"A"`` and ``"a "`` are three keys."""
     return "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ from datetime import timedelta
 from types import FrameType
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections, reset_queries, router
+from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import liveness
 from django_delayq.conf import get_config, to_timedelta
@@ -37,6 +37,7 @@ from django_delayq.flow import Scope, limits_of
 from django_delayq.health import Health, HealthServer
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
+from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 from django_delayq.store.features import features
 from django_delayq.worker.acks import AckBuffer
@@ -153,7 +154,7 @@ class Worker:
         if self.concurrency < 1 or (batch is not None and int(batch) < 1):
             raise ValueError("concurrency and batch size must be positive")
         self.burst = burst
-        self.using = using or router.db_for_write(Message)
+        self.using = queue_alias(using)
         self.name = name or worker_name()
         self.poll_interval = to_timedelta(config["POLL_INTERVAL"]).total_seconds()
         self.shutdown_grace = to_timedelta(

@@ -50,7 +50,8 @@ def seconds(value: str) -> float:
 
 @pytest.fixture(scope="module")
 def unit() -> configparser.ConfigParser:
-    (text,) = blocks("ini")
+    # The guide's other ini block is PgBouncer's configuration.
+    (text,) = [block for block in blocks("ini") if "[Service]" in block]
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep systemd's case
     parser.read_string(text)

@@ -18,13 +18,15 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-from django.db import connections, router
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_delayq.conf import get_config
 from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan, connect
 from django_delayq.models import Message
+from django_delayq.routers import queue_alias
 from django_delayq.store import changes, write
 from django_delayq.store.features import features
 
@@ -32,10 +34,12 @@ ARCHIVE_LOCK = "django_delayq.archive"
 
 
 def resolve_alias(alias: str | None) -> str:
-    """The alias to use (``--database``, else the router's), checked to be supported."""
-    alias = alias or router.db_for_write(Message)
-    if alias not in connections.settings:
-        raise PipelineError(f"unknown database alias {alias!r} (see settings.DATABASES)")
+    """The alias to use (``--database``, else ``DELAYQ["DATABASE"]``, else the
+    router's), checked to be supported."""
+    try:
+        alias = queue_alias(alias)
+    except ImproperlyConfigured as exc:
+        raise PipelineError(str(exc)) from None
     connection = connections[alias]
     if not features(connection).pipeline:
         raise PipelineError(

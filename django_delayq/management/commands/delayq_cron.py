@@ -43,7 +43,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "names", nargs="*", metavar="NAME", help="Schedules to act on (default: all)."
         )
-        parser.add_argument("--database", default=None, help="Database alias (default: router).")
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias (default: DELAYQ['DATABASE'], else the router).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action, names, using = options["action"], options["names"] or None, options["database"]

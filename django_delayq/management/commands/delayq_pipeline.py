@@ -59,7 +59,11 @@ def _spark_options(parser: argparse.ArgumentParser, database: bool = True) -> No
         help="Spark master, e.g. spark://host:7077 (default: $SPARK_MASTER, else local[*])",
     )
     if database:
-        parser.add_argument("--database", metavar="ALIAS", help="database alias (default: router)")
+        parser.add_argument(
+            "--database",
+            metavar="ALIAS",
+            help="database alias (default: DELAYQ['DATABASE'], else the router)",
+        )
 
 
 class Command(BaseCommand):

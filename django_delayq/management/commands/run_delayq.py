@@ -11,10 +11,11 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, router
+from django.db import DatabaseError, connections
 
 from django_delayq.exceptions import DatabaseUnreachable
-from django_delayq.models import Message
+from django_delayq.routers import queue_alias
+from django_delayq.store import server
 from django_delayq.worker import Worker
 
 
@@ -80,7 +81,11 @@ class Command(BaseCommand):
             action="store_true",
             help="Process everything due now, then exit 0.",
         )
-        parser.add_argument("--database", default=None, help="Database alias (default: router).")
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias of the queue (default: DELAYQ['DATABASE'], else the router).",
+        )
         parser.add_argument("--name", default=None, help="Worker name stored in locked_by.")
         parser.add_argument(
             "--metrics-port",
@@ -134,21 +139,29 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        # --database, else DELAYQ["DATABASE"], else the routers' choice.
+        try:
+            alias = queue_alias(options["database"])
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         # The database checks need a connection (the server's version: E050).
         try:
-            self.check(
-                tags=[Tags.database],
-                databases=[options["database"] or router.db_for_write(Message)],
-            )
+            self.check(tags=[Tags.database], databases=[alias])
+            has_tables = server.has_queue_table(connections[alias])
         except DatabaseError as exc:  # MariaDB/MySQL: Django's own checks query the server
             raise CommandError(f"cannot reach the database to check it: {exc}") from exc
+        if not has_tables:
+            raise CommandError(
+                f"the queue's tables are not on database {alias!r}: "
+                f"run `manage.py migrate --database {alias}` first"
+            )
         try:
             worker = Worker(
                 options["queues"],
                 concurrency=options["concurrency"],
                 batch_size=options["batch_size"],
                 burst=options["burst"],
-                using=options["database"],
+                using=alias,
                 name=options["name"],
                 metrics_port=options.get("metrics_port"),
                 metrics_address=options.get("metrics_address"),
