@@ -268,29 +268,11 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
     """
     from django.conf import settings
 
-    from django_delayq.values import is_int_between
-
     user = getattr(settings, "DELAYQ", {})
     if not isinstance(user, dict):
         return []  # E001 already says so
-    errors: list[Error | Warning] = []
-    port = user.get("METRICS_PORT")
-    if port is not None and not is_int_between(port, 1, 65535):
-        errors.append(
-            Error(
-                f"DELAYQ: METRICS_PORT must be a TCP port (1-65535) or None, got {port!r}",
-                id="django_delayq.E031",
-            )
-        )
-    address = user.get("METRICS_ADDRESS", "")
-    if not isinstance(address, str):
-        errors.append(
-            Error(
-                f"DELAYQ: METRICS_ADDRESS must be a str, got {address!r}",
-                id="django_delayq.E031",
-            )
-        )
-    if port:
+    errors = _server_errors(user, "METRICS", "django_delayq.E031")
+    if user.get("METRICS_PORT"):
         from django_delayq.metrics import available
 
         if not available():
@@ -309,24 +291,30 @@ def check_health(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning
     """``HEALTH_PORT`` / ``HEALTH_ADDRESS`` (E032): caught before a worker tries to listen."""
     from django.conf import settings
 
-    from django_delayq.values import is_int_between
-
     user = getattr(settings, "DELAYQ", {})
     if not isinstance(user, dict):
         return []  # E001 already says so
+    return _server_errors(user, "HEALTH", "django_delayq.E032")
+
+
+def _server_errors(user: dict[str, Any], prefix: str, check_id: str) -> list[Error | Warning]:
+    """``<prefix>_PORT`` is a TCP port or None and ``<prefix>_ADDRESS`` a str: the
+    metrics and the health servers are configured alike."""
+    from django_delayq.values import is_int_between
+
     errors: list[Error | Warning] = []
-    port = user.get("HEALTH_PORT")
+    port = user.get(f"{prefix}_PORT")
     if port is not None and not is_int_between(port, 1, 65535):
         errors.append(
             Error(
-                f"DELAYQ: HEALTH_PORT must be a TCP port (1-65535) or None, got {port!r}",
-                id="django_delayq.E032",
+                f"DELAYQ: {prefix}_PORT must be a TCP port (1-65535) or None, got {port!r}",
+                id=check_id,
             )
         )
-    address = user.get("HEALTH_ADDRESS", "")
+    address = user.get(f"{prefix}_ADDRESS", "")
     if not isinstance(address, str):
         errors.append(
-            Error(f"DELAYQ: HEALTH_ADDRESS must be a str, got {address!r}", id="django_delayq.E032")
+            Error(f"DELAYQ: {prefix}_ADDRESS must be a str, got {address!r}", id=check_id)
         )
     return errors
 
