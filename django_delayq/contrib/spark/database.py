@@ -242,7 +242,26 @@ class ArchiveLock:
         raise NotImplementedError
 
 
-class _AdvisoryLock(ArchiveLock):
+class _ServerLock(ArchiveLock):
+    """A lock the database server holds for a connection of the run's own."""
+
+    _errors: type[Exception]
+
+    def _held(self) -> bool:
+        """Whether the server still shows the lock held by this connection."""
+        raise NotImplementedError
+
+    def check(self, step: str) -> None:
+        try:
+            held = self._held()
+        except self._errors as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise self._lost(f"its connection failed: {reason}", step) from exc
+        if not held:
+            raise self._lost("the server no longer shows it held", step)
+
+
+class _AdvisoryLock(_ServerLock):
     """PostgreSQL: a transaction advisory lock, in a transaction of its own connection.
 
     Not on Django's connection: that one runs the run's own queries, may be
@@ -264,7 +283,7 @@ class _AdvisoryLock(ArchiveLock):
         import psycopg
 
         super().__init__(alias)
-        self._errors: type[Exception] = psycopg.Error
+        self._errors = psycopg.Error
         params = {**LOCK_KEEPALIVES, **target(alias).params}
         self.conn = psycopg.connect(**params, autocommit=False)
         try:
@@ -282,14 +301,9 @@ class _AdvisoryLock(ArchiveLock):
             self.conn.close()
             raise _busy(alias)
 
-    def check(self, step: str) -> None:
-        try:
-            row = self.conn.execute(_LOCK_HELD, {"name": ARCHIVE_LOCK}).fetchone()
-        except self._errors as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise self._lost(f"its connection failed: {reason}", step) from exc
-        if not (row and row[0]):
-            raise self._lost("the server no longer shows it held", step)
+    def _held(self) -> bool:
+        row = self.conn.execute(_LOCK_HELD, {"name": ARCHIVE_LOCK}).fetchone()
+        return bool(row and row[0])
 
     def release(self) -> None:
         try:
@@ -314,7 +328,7 @@ def lock_name(alias: str) -> str:
     return name
 
 
-class _NamedLock(ArchiveLock):
+class _NamedLock(_ServerLock):
     """MariaDB/MySQL: ``GET_LOCK`` on a connection of its own (see :class:`_AdvisoryLock`).
 
     The server releases a named lock when its connection ends, so a killed
@@ -326,7 +340,7 @@ class _NamedLock(ArchiveLock):
         import MySQLdb
 
         super().__init__(alias)
-        self._errors: type[Exception] = MySQLdb.Error
+        self._errors = MySQLdb.Error
         self.name = lock_name(alias)
         self.conn = connect(target(alias))
         try:
@@ -342,16 +356,11 @@ class _NamedLock(ArchiveLock):
             self.conn.close()
             raise _busy(alias)
 
-    def check(self, step: str) -> None:
-        try:
-            cursor = self.conn.cursor()
-            cursor.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", [self.name])
-            row = cursor.fetchone()
-        except self._errors as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise self._lost(f"its connection failed: {reason}", step) from exc
-        if not (row and row[0]):
-            raise self._lost("the server no longer shows it held", step)
+    def _held(self) -> bool:
+        cursor = self.conn.cursor()
+        cursor.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", [self.name])
+        row = cursor.fetchone()
+        return bool(row and row[0])
 
     def release(self) -> None:
         self.conn.close()  # the connection ends, and its named locks with it
