@@ -169,8 +169,47 @@ run_suite() {
   run_mysql_suite "$@"
 }
 
-#                          statements, and through PgBouncer; the queue-on-its-own-database
-#                          tests on two databases of each), on MariaDB/MySQL when one is reachable, then the
+# -- PgBouncer: the core through a pooler in transaction mode --------------------
+
+# What a pooled deployment exercises: enqueue, claims, acknowledgements, leases,
+# cron, locks (integration, store), real run_delayq processes and the short chaos
+# run, in about four minutes. Left out: tests/unit (no database), the admin and
+# the pipeline, the state machine's long random walk (one connection, the
+# statements integration covers) and the multi-process flow control runs (a
+# minute of waiting on rate windows; their claims run through the pool in
+# tests/integration).
+PGBOUNCER_TESTS=(
+  tests/integration tests/store tests/process tests/chaos
+  --ignore=tests/store/test_state_machine.py --ignore=tests/process/test_flow_control.py
+)
+
+run_pgbouncer_suite() {
+  # Every statement through PgBouncer (pool_mode = transaction, a pool of 2,
+  # scripts/ensure-pgbouncer.sh); the workers' LISTEN and the tests that need a
+  # session of their own on the direct alias "direct" (DELAYQ_TEST_DIRECT_URL).
+  local pooled
+  pooled="$(scripts/ensure-pgbouncer.sh "$1")"
+  log "core suite through PgBouncer ($pooled, transaction pooling)"
+  if ! DATABASE_URL="$pooled" DELAYQ_TEST_DIRECT_URL="$1" "$PY" -m pytest -q -p no:cacheprovider \
+      "${PGBOUNCER_TESTS[@]}"; then
+    scripts/ensure-pgbouncer.sh stop
+    return 1
+  fi
+  scripts/ensure-pgbouncer.sh stop
+}
+
+run_queue_database_suite() {
+  # The queue on its own database: a second alias "queue" (a database next to
+  # the first), DELAYQ["DATABASE"] and DelayQRouter (tests/settings.py).
+  local pg_url="$1" sqlite_url="$2" base
+  base="${pg_url%%\?*}"
+  log "queue on its own database, PostgreSQL (${base}_queue)"
+  DATABASE_URL="$pg_url" DELAYQ_TEST_QUEUE_URL="${base}_queue${pg_url#"$base"}" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py \
+    tests/pipeline/test_queue_database.py
+  log "queue on its own database, SQLite (two files)"
+  DATABASE_URL="$sqlite_url" DELAYQ_TEST_QUEUE_URL="${sqlite_url%.sqlite3}-queue.sqlite3" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py
 }
 
 # -- MariaDB / MySQL: when DATABASE_URL points at one, or one answers locally -----

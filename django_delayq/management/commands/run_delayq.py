@@ -147,9 +147,14 @@ class Command(BaseCommand):
         # The database checks need a connection (the server's version: E050).
         try:
             self.check(tags=[Tags.database], databases=[alias])
-            has_tables = server.has_queue_table(connections[alias])
         except DatabaseError as exc:  # MariaDB/MySQL: Django's own checks query the server
             raise CommandError(f"cannot reach the database to check it: {exc}") from exc
+        try:
+            has_tables = server.has_queue_table(connections[alias])
+        except DatabaseError:
+            # Unreachable for now: the worker waits for it (DATABASE_OUTAGE_LIMIT).
+            connections[alias].close()
+            has_tables = True
         if not has_tables:
             raise CommandError(
                 f"the queue's tables are not on database {alias!r}: "
