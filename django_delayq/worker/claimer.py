@@ -279,10 +279,21 @@ class Claimer:
             # lost (the next one in its place waits a whole period from it).
             assert lane.wake_at is not None
             timeout = max(MIN_LIMIT_SLEEP, min(timeout, (lane.wake_at - now).total_seconds()))
+        # A lane whose hold ended while a poke cut the last sleep short: its
+        # claim is due now, not at the next notification or poll.
+        overdue = [
+            lane
+            for lane in self.book.lanes
+            if lane.wake_at is not None and lane.wake_at <= now and id(lane) in self._drained
+        ]
+        if overdue:
+            timeout = min(timeout, MIN_LIMIT_SLEEP)
         self.waker.hint = None
         if self.waker.wait(timeout):
             self.undrain()  # the next due time, or the poll interval, has come
             return
+        for lane in overdue:
+            self._drained.discard(id(lane))
         soon = clock.now() + timedelta(seconds=MIN_IDLE_SLEEP)
         notified = self.waker.notified
         if notified and (self.waker.hint is None or self.waker.hint <= soon):

@@ -8,7 +8,8 @@ workers and real time.
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.utils import timezone
 
 from django_delayq import enqueue, enqueue_many
 from django_delayq.flow import Scope, limits_of, parse_rate
@@ -190,3 +191,31 @@ def test_workers_claiming_at_the_same_instant_never_overshoot():
         thread.join(30)
     assert sum(counts) == 5  # the cap (5) is tighter than the rate (7)
     assert Message.objects.filter(status="running").count() == 5
+
+
+def test_a_lane_whose_hold_ended_during_a_cut_short_sleep_claims_at_once(settings):
+    # A poke (an acknowledgement's commit) can end the sleep just before a
+    # rate's hold ends; at the next sleep the hold is over and the lane is no
+    # longer "held back", yet still marked drained. It must claim at once, not
+    # sleep to the next notification or poll (here an hour): with a rate of
+    # 20/s that was a whole period's starts lost now and then.
+    from django_delayq.worker import Worker
+    from django_delayq.worker.wakeup import Waker
+
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 3600}
+    worker = Worker(["limited"], concurrency=2, using="default")
+    claims = worker.claimer
+    claims.waker = Waker("default", ["limited"], listen=False, poll_interval=3600)
+    lane = next(lane for lane in claims.book.lanes if lane.limits)
+    lane.wake_at = timezone.now() - timedelta(milliseconds=1)
+    claims._drained.add(id(lane))
+
+    def wait() -> None:
+        try:
+            claims.idle_wait()
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    finishes_within(60, wait)
+    claims.waker.close()
+    assert claims.wants(lane)
