@@ -17,10 +17,11 @@ import functools
 import operator
 from collections.abc import Collection
 from datetime import UTC, datetime
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from django.db import connections, models
 from django.db.models import Count, Exists, Expression, Max, Min, OuterRef, Q
+from django.db.models.expressions import Col
 from django.db.models.functions import TruncMinute
 
 from django_delayq import clock
@@ -112,10 +113,6 @@ class QueueQuerySet(models.QuerySet[_Row]):
     def held_by(self, workers: Collection[str]) -> Self:
         """Running rows claimed by these workers (``locked_by``)."""
         return self.filter(status=Status.RUNNING, locked_by__in=list(workers))
-
-    def next_due(self) -> datetime | None:
-        """The earliest due time of the active rows (an idle worker's wake-up; the due index)."""
-        return self.active().aggregate(t=Min("next_attempt_time"))["t"]
 
     def categorised(self, now: Now | None = None) -> dict[str, int]:
         """How many rows fall in each of :func:`categories`, in one statement."""
@@ -380,6 +377,58 @@ def estimated_count(using: str | None = None) -> int | None:
     return int(row[0])
 
 
+def _field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    return cast("models.Field[Any, Any]", model._meta.get_field(name))
+
+
+def _column(model: type[models.Model], name: str) -> str:
+    return cast(str, _field(model, name).column)
+
+
+_next_due_statements: dict[tuple[type[models.Model], str, tuple[str, ...] | None], Any] = {}
+
+
+def next_due(
+    model: type[models.Model], queues: Collection[str] | None, *, using: str
+) -> datetime | None:
+    """The earliest due time of ``model``'s active rows (of ``queues``; None: every row).
+
+    An idle worker reads it after most wake-ups, so its statement is built
+    once per model, database and queues: building the aggregate with the
+    ORM cost about a millisecond of CPU, more than the query's round trip,
+    and on the claimer's thread that delayed the start of the handler a
+    claim had just handed over (the handler waits for the interpreter lock).
+    """
+    key = (model, using, None if queues is None else tuple(sorted(set(queues))))
+    compiled = _next_due_statements.get(key)
+    connection = connections[using]
+    if compiled is None:
+        quote = connection.ops.quote_name
+        field = _field(model, "next_attempt_time")
+        names = key[2]
+        sql = statement("next_due", features(connection)).format(
+            due=quote(_column(model, "next_attempt_time")),
+            table=quote(model._meta.db_table),
+            status=quote(_column(model, "status")),
+            queues=""
+            if names is None
+            else f" AND {quote(_column(model, 'queue'))} IN ({', '.join(['%s'] * len(names))})",
+        )
+        column = Col(model._meta.db_table, field)
+        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        compiled = _next_due_statements[key] = (sql, list(names or ()), column, converters)
+    sql, params, column, converters = compiled
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    value = None if row is None else row[0]
+    if value is None:
+        return None
+    for convert in converters:
+        value = convert(value, column, connection)
+    return value  # type: ignore[no-any-return]
+
+
 def minute(moment: datetime) -> datetime:
     """The UTC minute ``moment`` falls in."""
     return moment.astimezone(UTC).replace(second=0, microsecond=0)
@@ -396,5 +445,6 @@ __all__ = [
     "failing_condition",
     "held_condition",
     "minute",
+    "next_due",
     "retrying_condition",
 ]

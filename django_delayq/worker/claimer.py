@@ -36,8 +36,7 @@ from datetime import datetime, timedelta
 from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
-from django_delayq.store import changes, limits
-from django_delayq.store.queries import QueueQuerySet
+from django_delayq.store import changes, limits, queries
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.wakeup import Waker
 
@@ -50,6 +49,10 @@ MIN_IDLE_SLEEP = 0.01
 # The longest a notification waits to be claimed together with the next ones,
 # while claims keep finding work (at 200 messages a second: two per claim).
 COALESCE = 0.01
+
+# Added to a sleep until a due time: the database's clock decides whether a
+# message is due, and a wake-up a hair early claims nothing.
+DUE_MARGIN = 0.0005
 
 # Shortest sleep until a lane's limits let it claim again.
 MIN_LIMIT_SLEEP = 0.001
@@ -263,7 +266,6 @@ class Claimer:
     def idle_wait(self) -> None:
         """Sleep until something may be due: a notification, a poke, the next due time."""
         assert self.waker is not None
-        now = clock.now()
         timeout = self.poll_interval
         held_back = self.held_back()
         # Every lane full (a backlog): nothing can be claimed before a slot
@@ -282,8 +284,15 @@ class Claimer:
         hint = self.waker.hint
         if hint is not None and (next_due is None or hint < next_due):
             next_due = hint
+        # After the read: a sleep computed from before it ends early by the
+        # read's time, and its claim then finds nothing due yet.
+        now = clock.now()
         if next_due is not None:
-            timeout = max(MIN_IDLE_SLEEP, min(timeout, (next_due - now).total_seconds()))
+            # A due time still to come is slept to exactly (it would start
+            # MIN_IDLE_SLEEP late otherwise); one already past but not
+            # claimable (another worker is claiming it) must not spin.
+            until = (next_due - now).total_seconds()
+            timeout = min(timeout, until + DUE_MARGIN if until > 0 else MIN_IDLE_SLEEP)
         for lane in held_back:
             # To the millisecond: a rate's start that comes late is a start
             # lost (the next one in its place waits a whole period from it).
@@ -355,13 +364,11 @@ class Claimer:
 
     def _read_next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
         active = [q for q in self.queues if q not in self._paused and q not in skip]
-        next_due = (
-            Message.objects.using(self.using).in_queues(active).next_due() if active else None
-        )
+        next_due = queries.next_due(Message, active, using=self.using) if active else None
         for lane in self.book.lanes:
             if lane.model is Message or lane.queues[0] in self._paused:
                 continue
-            due = QueueQuerySet(lane.model).using(self.using).next_due()
+            due = queries.next_due(lane.model, None, using=self.using)
             if due is not None and (next_due is None or due < next_due):
                 next_due = due
         return next_due

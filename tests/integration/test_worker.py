@@ -451,3 +451,31 @@ def test_a_worker_whose_lanes_are_full_waits_for_a_slot_without_reading_the_next
     # About 30 claims of 100 fill the lane; reads belong to the rounds whose
     # lane was not full (the start and the end), not to every claim.
     assert len(reads) <= 5, len(reads)  # 150 before
+
+
+def test_an_idle_worker_sleeps_until_the_next_due_time_not_a_fixed_step_more(fake_clock):
+    # A delayed message 3 ms ahead: the sleep ends just after its due time.
+    # The shortest idle sleep (10 ms, against spinning on a message another
+    # worker is claiming) applied to due times still to come made each
+    # delayed message start up to 10 ms late (p50 10.2 ms, 4.8 before).
+    from django_delayq.worker import Worker
+    from django_delayq.worker import claimer as claiming
+    from django_delayq.worker.wakeup import Waker
+
+    enqueue("default", {}, run_at=fake_clock.current + timedelta(milliseconds=3))
+    worker = Worker(["default"], concurrency=1, using="default")
+    timeouts: list[float] = []
+
+    class Recorded(Waker):
+        def wait(self, timeout: float) -> bool:
+            timeouts.append(timeout)
+            return True
+
+    worker.claimer.waker = Recorded("default", ["default"], listen=False, poll_interval=5)
+    try:
+        assert worker.claimer.claim_round() == 0
+        worker.claimer.idle_wait()
+    finally:
+        worker.claimer.waker.close()
+    assert timeouts == [pytest.approx(0.003 + claiming.DUE_MARGIN)]
+    assert timeouts[0] < claiming.MIN_IDLE_SLEEP

@@ -146,13 +146,25 @@ def test_the_state_verbs_select_their_rows(table: Table, now: datetime) -> None:
 
 
 def test_next_due_is_the_earliest_due_time_of_the_active_rows(table: Table, now: datetime) -> None:
-    assert table.model.objects.next_due() is None
+    assert queries.next_due(table.model, None, using="default") is None
     table.add(status="failed", due=t(-3600))  # finished: not waited for
     table.add(due=None)
-    assert table.model.objects.next_due() is None
+    assert queries.next_due(table.model, None, using="default") is None
     table.add(due=t(60))
     table.add(status="running", due=t(20), lock_token=uuid.uuid4())
-    assert table.model.objects.next_due() == t(20)
+    assert queries.next_due(table.model, None, using="default") == t(20)
+
+
+def test_next_due_of_some_queues_leaves_the_other_queues_out(now: datetime) -> None:
+    Table(Message).add(queue="a", due=t(30))
+    Table(Message).add(queue="b", due=t(10))
+    assert queries.next_due(Message, ["a"], using="default") == t(30)
+    assert queries.next_due(Message, ["b", "a"], using="default") == t(10)
+    assert queries.next_due(Message, ["c"], using="default") is None
+    # The statement is built once per queues: a second read is one query.
+    with CaptureQueriesContext(connection) as read:
+        assert queries.next_due(Message, ["a", "b"], using="default") == t(10)
+    assert len(read.captured_queries) == 1
 
 
 def test_categorised_counts_each_row_in_its_category(table: Table, now: datetime) -> None:

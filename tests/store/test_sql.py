@@ -66,6 +66,7 @@ USES: dict[str, Use] = {
     "archived_versions": use(lambda f: f.pipeline and not f.array_parameters, "table"),
     # queries.py
     "distinct_values": use(lambda f: f.loose_index_scan, "col", "table", "where"),
+    "next_due": use(always, "due", "table", "status", "queues"),
     "row_estimate": use(lambda f: f.row_estimate is not None),
     # server.py
     "column_collations": use(lambda f: f.binary_text),

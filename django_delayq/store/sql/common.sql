@@ -12,6 +12,12 @@
 -- {picked} the ORM's pick of the first due rows.
 {set}, {lock_token} = %s WHERE {pk} IN ({picked}) RETURNING {columns}
 
+-- name: next_due
+-- The earliest due time of the active rows (of some queues: {queues} is empty
+-- or an IN condition), the idle worker's wake-up. NULL due times are left
+-- out: a grouped message held back has none.
+SELECT MIN({due}) FROM {table} WHERE {status} IN ('pending', 'running'){queues}
+
 -- name: insert_rows
 -- New messages from a source of rows: {values} are the source's per-row
 -- expressions (key, payload, ...) beside one parameter per other column.
