@@ -30,12 +30,15 @@ from typing import Any, cast
 
 from django.db import connections, transaction
 from django.db.models import (
+    BooleanField,
     Case,
     DateTimeField,
     Exists,
     Expression,
+    ExpressionWrapper,
     F,
     Field,
+    Func,
     Min,
     Model,
     OuterRef,
@@ -227,7 +230,7 @@ def _picked(key: _ClaimKey) -> QuerySet[Any]:
         kinds, only = key.kinds
         due = due.filter(kind__in=list(kinds)) if only else due.exclude(kind__in=list(kinds))
     if has_column(key.model, "group"):
-        due = due.filter(group_clear(key.model, key.queues or (), now))
+        due = due.filter(group_clear(key.model, key.queues or (), now, using=key.alias))
     return due.order_by(*claim_order(key.model)).values("pk")[: key.limit]
 
 
@@ -386,12 +389,55 @@ def _of_its_group(model: type[Model]) -> QuerySet[Any]:
     )
 
 
-def group_clear(model: type[Model], queues: Collection[str], now: Expression | datetime) -> Q:
+def group_clear(
+    model: type[Model], queues: Collection[str], now: Expression | datetime, *, using: str
+) -> Q:
     """Rows their group lets run: ungrouped, or nothing earlier of the group blocks them
-    and nothing of it runs (``delayq_group_idx`` answers both, a range each)."""
+    and nothing of it runs (``delayq_group_idx`` answers both, a range each).
+
+    On PostgreSQL the grouped row's test is the function ``delayq_group_clear``
+    (the same two probes, migration 0010), whose plan the server keeps: as
+    subqueries they were planned with every claim, and that planning was most
+    of an idle worker's claim.
+    """
+    if features(connections[using]).group_function:
+        blocking = [q for q in queues if failure_blocks(q)]
+        failed_blocks: Any = (
+            Value(bool(blocking))
+            if not blocking or len(blocking) == len(queues)
+            else ExpressionWrapper(Q(queue__in=blocking), output_field=BooleanField())
+        )
+        at = now if hasattr(now, "resolve_expression") else Value(now, DateTimeField())
+        clear = GroupClear(F("queue"), F("group"), F("pk"), at, failed_blocks)
+        return Q(group="") | Q(clear)
     earlier = _of_its_group(model).filter(_blockers(queues), pk__lt=OuterRef("pk"))
     running = _of_its_group(model).filter(held_condition(now))
     return Q(group="") | (~Exists(earlier) & ~Exists(running))
+
+
+class GroupClear(Func):
+    """``delayq_group_clear(queue, group, id, now, failed_blocks)`` (PostgreSQL)."""
+
+    function = "delayq_group_clear"
+    output_field = BooleanField()
+
+
+def install_group_function(connection: Any, *, remove: bool = False) -> None:
+    """Create (or, ``remove``, drop) ``delayq_group_clear`` where the database uses it."""
+    can = features(connection)
+    if not can.group_function:
+        return
+    names = _quoted(Message, connection, "queue", "group", "status", "id", "next_attempt_time")
+    sql = statement("drop_group_clear" if remove else "create_group_clear", can).format(
+        table=names["table"],
+        queue=names["queue"],
+        group=names["group"],
+        status=names["status"],
+        id=names["id"],
+        due=names["next_attempt_time"],
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
 
 
 def hold_back(messages: Mapping[Any, Any], *, using: str) -> set[Any]:

@@ -61,6 +61,10 @@ class Features:
     #: (``ACK_DELAY``): worth it where a commit waits for the write-ahead log,
     #: and safe where the lease keeper can skip the rows an open group locks.
     group_commits: bool
+    #: The claim's ordered-group condition is a server-side function whose
+    #: plan the server keeps per connection (``delayq_group_clear``), rather
+    #: than two subqueries planned again with every claim sent as text.
+    group_function: bool
 
 
 @cache
@@ -85,6 +89,7 @@ def _features(vendor: str, sqlite_version: tuple[int, ...]) -> Features:
         pipeline=postgres or sqlite or mysql,
         inline_constants=postgres,
         group_commits=postgres,
+        group_function=postgres,
     )
 
 

@@ -10,6 +10,7 @@ statements; one test checks the database's own clock.
 from __future__ import annotations
 
 import inspect
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -23,7 +24,7 @@ from django.test.utils import CaptureQueriesContext
 from django_delayq import clock, enqueue
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import changes, sql
 from tests.conftest import FakeClock, finishes_within
 from tests.store.tables import LEASE, Table, at, can, subset
 from tests.testapp.models import Shipment
@@ -1155,7 +1156,9 @@ def test_group_clear_lets_only_the_first_message_of_a_group_run(fake_clock: Fake
     second = MESSAGE.add(group="g")
     other = MESSAGE.add(group="h")
     free = MESSAGE.add()
-    clear = Message.objects.filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    clear = Message.objects.filter(
+        changes.group_clear(Message, ["q"], clock.sql_now(), using="default")
+    )
     assert set(clear.values_list("pk", flat=True)) == {first, other, free}
     # A running message (live lease) keeps every other message of its group waiting,
     # an earlier one too.
@@ -1169,35 +1172,106 @@ def test_group_clear_lets_only_the_first_message_of_a_group_run(fake_clock: Fake
 def test_group_clear_lets_a_failed_message_block_or_not(settings: Any) -> None:
     MESSAGE.add(group="g", status="failed", due=None)
     later = MESSAGE.add(group="g")
-    clear = Message.objects.filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    clear = Message.objects.filter(
+        changes.group_clear(Message, ["q"], clock.sql_now(), using="default")
+    )
     assert later not in set(clear.values_list("pk", flat=True))
     settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"q": {"GROUP_AFTER_FAILURE": "continue"}}}
-    clear = Message.objects.filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+    clear = Message.objects.filter(
+        changes.group_clear(Message, ["q"], clock.sql_now(), using="default")
+    )
     assert later in set(clear.values_list("pk", flat=True))
+
+
+def _due_of_a_group() -> Any:
+    """Three messages of group "g", and the claim's pick of them (due, group clear)."""
+    for _ in range(3):
+        MESSAGE.add(group="g")
+    return (
+        Message.objects.filter(queue="q")
+        .due()
+        .filter(changes.group_clear(Message, ["q"], clock.sql_now(), using="default"))
+    )
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'mysql'",
+    reason="PostgreSQL runs the probes in delayq_group_clear (the next test); SQLite plans "
+    "with the unique (queue, key) index",
+)
+def test_group_clear_probes_the_group_index(fake_clock: FakeClock) -> None:
+    plan = str(_due_of_a_group().explain())
+    assert "delayq_group_idx" in plan, plan
 
 
 @pytest.mark.skipif(
     "connection.vendor != 'postgresql'",
     reason="the planner's use of a partial index for a bound condition: PostgreSQL's",
 )
-def test_group_clear_probes_the_group_index(fake_clock: FakeClock) -> None:
-    for _ in range(3):
-        MESSAGE.add(group="g")
-    clear = (
-        Message.objects.filter(queue="q")
-        .due()
-        .filter(changes.group_clear(Message, ["q"], clock.sql_now()))
+def test_the_group_function_probes_the_group_index_and_the_claim_plans_no_probe(
+    fake_clock: FakeClock,
+) -> None:
+    clear = _due_of_a_group()
+    # The claim's own plan holds no subquery: planning it costs what an
+    # ungrouped claim's does (the probes were planned with every claim).
+    assert "SubPlan" not in str(clear.explain()), clear.explain()
+    # The function's probes, as the server runs them with a kept (generic)
+    # plan: each reads the group index. Without the index's own condition
+    # PostgreSQL read the primary key's range below each candidate (every
+    # older message) instead.
+    from django_delayq.store.features import features
+
+    create = sql.statement("create_group_clear", features(connection))
+    body = create[create.index("RETURN NOT") + len("RETURN") : create.index(";\nEND")]
+    names = ["row_queue", "row_group", "row_id", "at", "failed_blocks"]
+    for number, name in enumerate(names, 1):
+        body = re.sub(rf"\b{name}\b", f"${number}", body)
+    columns = {"queue": "queue", "group": "group", "status": "status", "id": "id"}
+    body = body.format(
+        table=connection.ops.quote_name(Message._meta.db_table),
+        due=connection.ops.quote_name("next_attempt_time"),
+        **{
+            k: connection.ops.quote_name(Message._meta.get_field(v).column)
+            for k, v in columns.items()
+        },
     )
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")  # the table is small
-    plan = str(clear.explain())
-    # The probe for an earlier message that comes first reads the group index;
-    # without the index's own condition, PostgreSQL read the primary key's
-    # range below each candidate (every older message) instead. (The probe
-    # for a running message of the group may read the group index too, or,
-    # hashed once, the few running rows off the claim index.)
-    assert plan.count("delayq_group_idx") >= 1, plan
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(
+            f"PREPARE probes(varchar, varchar, bigint, timestamptz, boolean) AS SELECT {body}"
+        )
+        cursor.execute("EXPLAIN EXECUTE probes('q', 'g', 3, now(), true)")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE probes")
+    assert plan.count("delayq_group_idx") == 2, plan
     assert "pkey" not in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0010_creates_the_group_function_where_the_claim_calls_it_and_reverses() -> None:
+    from django.core.management import call_command
+
+    from django_delayq.store.features import features
+
+    def exists() -> bool:
+        if connection.vendor != "postgresql":
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'delayq_group_clear'")
+            return bool(cursor.fetchone()[0])
+
+    assert exists() == features(connection).group_function == (connection.vendor == "postgresql")
+    try:
+        call_command("migrate", "django_delayq", "0009", verbosity=0)
+        assert not exists()
+        changes.install_group_function(connection)
+        assert exists() == features(connection).group_function
+        changes.install_group_function(connection, remove=True)
+        assert not exists()
+    finally:
+        call_command("migrate", "django_delayq", verbosity=0)
+    assert exists() == features(connection).group_function
 
 
 def test_hold_back_holds_what_an_earlier_message_of_its_group_holds_back() -> None:

@@ -42,6 +42,7 @@ EXPECTED = {
         binary_text=False,
         pipeline=True,
         group_commits=True,
+        group_function=True,
         inline_constants=True,
     ),
     "sqlite": Features(
@@ -60,6 +61,7 @@ EXPECTED = {
         binary_text=False,
         pipeline=True,
         group_commits=False,
+        group_function=False,
         inline_constants=False,
     ),
     "mysql": Features(
@@ -78,6 +80,7 @@ EXPECTED = {
         binary_text=True,
         pipeline=True,
         group_commits=False,
+        group_function=False,
         inline_constants=False,
     ),
 }

@@ -65,6 +65,12 @@ USES: dict[str, Use] = {
     "delete_ids": use(lambda f: f.pipeline and not f.array_parameters, "table"),
     "archived_versions": use(lambda f: f.pipeline and not f.array_parameters, "table"),
     # queries.py
+    "create_group_clear": use(
+        lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
+    ),
+    "drop_group_clear": use(
+        lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
+    ),
     "distinct_values": use(lambda f: f.loose_index_scan, "col", "table", "where"),
     "next_due": use(always, "due", "table", "status", "queues"),
     "row_estimate": use(lambda f: f.row_estimate is not None),
