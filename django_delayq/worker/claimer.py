@@ -50,10 +50,6 @@ MIN_IDLE_SLEEP = 0.01
 # while claims keep finding work (at 200 messages a second: two per claim).
 COALESCE = 0.01
 
-# Added to a sleep until a due time: the database's clock decides whether a
-# message is due, and a wake-up a hair early claims nothing.
-DUE_MARGIN = 0.0005
-
 # Shortest sleep until a lane's limits let it claim again.
 MIN_LIMIT_SLEEP = 0.001
 
@@ -295,9 +291,12 @@ class Claimer:
         if next_due is not None:
             # A due time still to come is slept to exactly (it would start
             # MIN_IDLE_SLEEP late otherwise); one already past but not
-            # claimable (another worker is claiming it) must not spin.
+            # claimable (another worker is claiming it) must not spin. No
+            # margin is added: the sleep never ends before its timeout, and
+            # the claim's clock is read on the server after it (a margin of
+            # 0.5 ms was 0.4 ms of every delayed start's p50).
             until = (next_due - now).total_seconds()
-            timeout = min(timeout, until + DUE_MARGIN if until > 0 else MIN_IDLE_SLEEP)
+            timeout = min(timeout, until if until > 0 else MIN_IDLE_SLEEP)
         for lane in held_back:
             # To the millisecond: a rate's start that comes late is a start
             # lost (the next one in its place waits a whole period from it).
