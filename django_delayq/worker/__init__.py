@@ -8,8 +8,9 @@
   (:mod:`~django_delayq.worker.acks` commits successes in batches);
 * :mod:`~django_delayq.worker.keeper` (a thread): extends leases, enforces
   time limits, records the heartbeat;
-* :mod:`~django_delayq.worker.maintenance` (from the main thread's loop):
-  pruning, cron ticks, the messages of dead workers.
+* :mod:`~django_delayq.worker.maintenance` (a thread, after a first round
+  on the main thread at start): pruning, cron ticks, the messages of dead
+  workers.
 
 They share one :class:`~django_delayq.worker.inflight.Book` of what the
 worker holds. :class:`Worker` builds them from the settings and owns start
@@ -194,7 +195,9 @@ class Worker:
             leases=leases,
             time_limits=time_limits,
         )
-        self.maintenance = Maintenance(self.book, name=self.name, using=self.using, burst=burst)
+        self.maintenance = Maintenance(
+            self.book, name=self.name, using=self.using, burst=burst, on_due=self._due_elsewhere
+        )
         self.keeper = Keeper(
             self.book,
             name=self.name,
@@ -310,6 +313,7 @@ class Worker:
             connections[self.using].close()
         self.runner.start(self.concurrency)
         self.keeper.start()
+        self.maintenance.start()
         errors = 0
         # --burst: once nothing is held, one more claim of every lane (drained
         # or not) must find nothing before the worker exits.
@@ -324,7 +328,6 @@ class Worker:
                 try:
                     if self.metrics is not None:
                         self.metrics.loop()
-                    self.maintenance.run_due()
                     claimed = self.claimer.claim_round()
                     self.health.reached_database()
                     if errors:
@@ -450,6 +453,12 @@ class Worker:
         if (capped or grouped) and self.claimer.waker is not None:
             self.claimer.waker.poke()
 
+    def _due_elsewhere(self) -> None:
+        """Another thread let messages go (dead workers', ordered groups'): claim them now."""
+        self.claimer.something_due()
+        if self.claimer.waker is not None:
+            self.claimer.waker.poke()
+
     def _ack_lost(self, message: Message) -> None:
         """A batched acknowledgement found the message claimed again."""
         self.book.count("succeeded", -1)
@@ -504,6 +513,7 @@ class Worker:
         if acks is not None:
             acks.close()
         self.keeper.stop()
+        self.maintenance.stop()
         try:
             liveness.mark_stopped(self.name, using=self.using)
         except DatabaseError:

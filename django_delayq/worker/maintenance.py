@@ -1,9 +1,12 @@
 """Maintenance a worker does beside consuming: pruning, cron ticks, dead workers.
 
-Each task runs on its own interval from the claim loop, and none may stop
-the worker from consuming: a failing task is logged as a maintenance error
-(with its connection dropped if the database failed) and tried again at its
-next turn.
+Every task runs once when the worker starts, before its first claim, and
+then on its own interval on a thread of its own (with its own connection),
+so a prune or a sweep never holds up a claim: on the claim loop, the sweeps
+every ``HEARTBEAT_INTERVAL`` made every message that arrived meanwhile start
+5-10 ms late. None may stop the worker from consuming: a failing task is
+logged as a maintenance error (with its connection dropped if the database
+failed) and tried again at its next turn.
 
 * Pruning deletes expired finished messages every ``PRUNE_INTERVAL``, a few
   batches at a time; a round that hit its cap is followed by another after
@@ -22,11 +25,12 @@ next turn.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import liveness, retention
 from django_delayq.conf import get_config, to_timedelta
@@ -52,10 +56,23 @@ class _Task:
 
 
 class Maintenance:
-    def __init__(self, book: Book, *, name: str, using: str, burst: bool) -> None:
+    def __init__(
+        self,
+        book: Book,
+        *,
+        name: str,
+        using: str,
+        burst: bool,
+        on_due: Callable[[], None] = lambda: None,
+    ) -> None:
         self.book = book
         self.name = name
         self.using = using
+        # Messages this thread let go are due now: the claimer is told (on
+        # PostgreSQL a NOTIFY tells the other workers).
+        self._on_due = on_due
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="delayq-maintenance", daemon=True)
         config = get_config()
         self.tasks: list[_Task] = []
         if config["PRUNE_INTERVAL"] is not None and not burst:
@@ -82,6 +99,31 @@ class Maintenance:
                 self.release_groups,
             )
         )
+
+    def start(self) -> None:
+        """Run every task once, on the caller's thread, then go on on a thread of its own.
+
+        The first round is the caller's so that a worker's first claim sees
+        its cron ticks installed and the messages of dead workers let go.
+        """
+        self.run_due()
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self._until_next()):
+                reset_queries()  # DEBUG's query log of this thread's connection
+                self.run_due()
+        finally:
+            connections.close_all()
+
+    def _until_next(self) -> float:
+        return max(0.0, min(task.due for task in self.tasks) - time.monotonic())
 
     def run_due(self) -> None:
         """Run every task whose turn has come; a failure waits for the task's next turn."""
@@ -120,8 +162,10 @@ class Maintenance:
         released = changes.release_groups(using=self.using)
         if released:
             logger.info("let %d ordered group(s) go on past a finished message", released)
+            self._on_due()
 
     def release_dead(self) -> None:
         released = sum(liveness.release_dead(self.name, using=self.using).values())
         if released:
             self.book.count("released_from_dead", released)
+            self._on_due()

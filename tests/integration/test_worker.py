@@ -428,6 +428,45 @@ def test_an_update_of_a_running_message_never_runs_beside_it(serving_worker):
     wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", message="done")
 
 
+def test_a_maintenance_task_never_holds_up_a_claim():
+    # On the claim loop, the sweeps every HEARTBEAT_INTERVAL (dead workers,
+    # ordered groups) made each message that arrived meanwhile start 5-10 ms
+    # late (the idle pickup's p95), and a long prune held every claim for as
+    # long as it ran. Here a task blocks until the message it would have held
+    # up has run.
+    import threading
+
+    from django_delayq.worker import Worker, maintenance
+    from tests.conftest import wait_for
+
+    blocking, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def slow() -> None:
+        runs.append(1)
+        if len(runs) > 1:  # the first round, before the first claim, passes
+            blocking.set()
+            release.wait(60)
+
+    worker = Worker(["default"], concurrency=1)
+    worker.maintenance.tasks.append(maintenance._Task("slow", 0.01, slow))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert blocking.wait(30)
+        message = enqueue("default", {}).message
+        wait_for(
+            lambda: Message.objects.get(pk=message.pk).status == "succeeded",
+            timeout=15,
+            message="the message to run while a maintenance task runs",
+        )
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+
+
 def test_a_worker_whose_lanes_are_full_waits_for_a_slot_without_reading_the_next_due_time(
     run_worker, monkeypatch
 ):
