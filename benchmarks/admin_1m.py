@@ -227,6 +227,7 @@ def main() -> None:
         sys.exit("this benchmark needs PostgreSQL (BENCH_ADMIN_DATABASE_URL=postgres://...)")
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["BENCH_ADMIN"] = "1"  # the admin and the apps it needs
     if not args.keep:
         reset_database(url)
     os.environ["BENCH_SEARCH_INDEXES"] = "1"

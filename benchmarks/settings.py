@@ -1,4 +1,10 @@
-"""Benchmark settings: the test settings plus a no-op handler app.
+"""Benchmark settings: a project of django-delayq and the benchmark's handlers.
+
+Like the Django-based peers' (``benchmarks/peer_settings.py``), the project
+holds only the queue and its handlers, so that start-up figures compare the
+queues, not the apps around them; every app a real project adds costs each
+of them the same. ``BENCH_ADMIN=1`` adds Django's admin and what it needs
+(``benchmarks/admin_1m.py``).
 
 ``BENCH_DATABASE_URL`` (set by the benchmark runner) wins over
 ``DATABASE_URL``; ``BENCH_DEBUG=1`` turns on ``DEBUG`` (the memory
@@ -8,12 +14,62 @@ measurement runs the worker with Django's query log on);
 
 import os
 
-if os.environ.get("BENCH_DATABASE_URL"):
-    os.environ["DATABASE_URL"] = os.environ["BENCH_DATABASE_URL"]
+import environ
 
-from tests.settings import *  # noqa: E402, F403
-
-INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.benchapp"]  # noqa: F405
+SECRET_KEY = "benchmarks-only"
+DEBUG = os.environ.get("BENCH_DEBUG") == "1"
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+env = environ.Env()
+DATABASES = {
+    "default": env.db_url_config(
+        os.environ.get("BENCH_DATABASE_URL")
+        or os.environ.get("DATABASE_URL")
+        or "postgres://postgres@127.0.0.1:5432/delayq_bench"
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Worker processes share the file: WAL, and writers that wait for each other.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+INSTALLED_APPS = ["django_delayq", "benchmarks.benchapp"]
+if os.environ.get("BENCH_ADMIN") == "1":
+    INSTALLED_APPS = [
+        "django.contrib.admin",
+        "django.contrib.auth",
+        "django.contrib.contenttypes",
+        "django.contrib.sessions",
+        "django.contrib.messages",
+        "django.contrib.staticfiles",
+        *INSTALLED_APPS,
+    ]
+    ROOT_URLCONF = "tests.urls"
+    STATIC_URL = "/static/"
+    MIDDLEWARE = [
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.common.CommonMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+    ]
+    TEMPLATES = [
+        {
+            "BACKEND": "django.template.backends.django.DjangoTemplates",
+            "APP_DIRS": True,
+            "OPTIONS": {
+                "context_processors": [
+                    "django.template.context_processors.request",
+                    "django.contrib.auth.context_processors.auth",
+                    "django.contrib.messages.context_processors.messages",
+                ]
+            },
+        }
+    ]
 if os.environ.get("BENCH_SEARCH_INDEXES") == "1":
     # benchmarks/admin_1m.py: the opt-in search indexes, built or dropped by migrate.
     INSTALLED_APPS.append("django_delayq.contrib.search_indexes")
@@ -22,13 +78,12 @@ if os.environ.get("BENCH_SOAK_RETENTION"):
     # benchmarks/soak.py: pruning on, with a retention short enough to reach.
     DELAYQ = {"RETENTION": float(os.environ["BENCH_SOAK_RETENTION"]), "PRUNE_INTERVAL": 30}
 LOGGING = {"version": 1}
-DEBUG = os.environ.get("BENCH_DEBUG") == "1"
 
 if os.environ.get("BENCH_PREPARED") == "1":
     # What a deployment without a transaction-mode pooler can turn on:
     # server-side parameters and psycopg's prepared statements.
-    DATABASES["default"]["OPTIONS"] = {  # noqa: F405
-        **DATABASES["default"].get("OPTIONS", {}),  # noqa: F405
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
         "server_side_binding": True,
         "prepare_threshold": 5,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -185,6 +186,14 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except DatabaseUnreachable as exc:  # stopped; the supervisor restarts it
             raise CommandError(str(exc), returncode=exc.exit_code) from exc
+        finally:
+            if getattr(self, "_called_from_command_line", False):
+                # The process ends with this command. Its last garbage
+                # collection would walk every object Django and the project
+                # loaded (a tenth of a second for a small project, a third of
+                # a --burst run on an empty queue) to free memory that the
+                # exit frees anyway.
+                gc.freeze()
         if options["verbosity"] >= 1 and options["burst"]:
             summary = ", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "nothing due"
             self.stdout.write(f"run_delayq: {summary}")
