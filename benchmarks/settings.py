@@ -39,36 +39,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 INSTALLED_APPS = ["django_delayq", "benchmarks.benchapp"]
 if os.environ.get("BENCH_ADMIN") == "1":
+    # The test suite's admin set-up: its apps, middleware, templates and URLs.
+    from tests import settings as _tests
+    from tests.settings import MIDDLEWARE, ROOT_URLCONF, STATIC_URL, TEMPLATES  # noqa: F401
+
     INSTALLED_APPS = [
-        "django.contrib.admin",
-        "django.contrib.auth",
-        "django.contrib.contenttypes",
-        "django.contrib.sessions",
-        "django.contrib.messages",
-        "django.contrib.staticfiles",
+        *(app for app in _tests.INSTALLED_APPS if app.startswith("django.contrib.")),
         *INSTALLED_APPS,
-    ]
-    ROOT_URLCONF = "tests.urls"
-    STATIC_URL = "/static/"
-    MIDDLEWARE = [
-        "django.contrib.sessions.middleware.SessionMiddleware",
-        "django.middleware.common.CommonMiddleware",
-        "django.middleware.csrf.CsrfViewMiddleware",
-        "django.contrib.auth.middleware.AuthenticationMiddleware",
-        "django.contrib.messages.middleware.MessageMiddleware",
-    ]
-    TEMPLATES = [
-        {
-            "BACKEND": "django.template.backends.django.DjangoTemplates",
-            "APP_DIRS": True,
-            "OPTIONS": {
-                "context_processors": [
-                    "django.template.context_processors.request",
-                    "django.contrib.auth.context_processors.auth",
-                    "django.contrib.messages.context_processors.messages",
-                ]
-            },
-        }
     ]
 if os.environ.get("BENCH_SEARCH_INDEXES") == "1":
     # benchmarks/admin_1m.py: the opt-in search indexes, built or dropped by migrate.
