@@ -41,8 +41,9 @@ INSTALLED_APPS = ["django_delayq", "benchmarks.benchapp"]
 if os.environ.get("BENCH_ADMIN") == "1":
     # The test suite's admin set-up: its apps, middleware, templates and URLs.
     from tests import settings as _tests
-    from tests.settings import MIDDLEWARE, ROOT_URLCONF, STATIC_URL, TEMPLATES  # noqa: F401
 
+    MIDDLEWARE, TEMPLATES = _tests.MIDDLEWARE, _tests.TEMPLATES
+    ROOT_URLCONF, STATIC_URL = _tests.ROOT_URLCONF, _tests.STATIC_URL
     INSTALLED_APPS = [
         *(app for app in _tests.INSTALLED_APPS if app.startswith("django.contrib.")),
         *INSTALLED_APPS,
