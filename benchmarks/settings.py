@@ -52,6 +52,11 @@ if os.environ.get("BENCH_SEARCH_INDEXES") == "1":
     # benchmarks/admin_1m.py: the opt-in search indexes, built or dropped by migrate.
     INSTALLED_APPS.append("django_delayq.contrib.search_indexes")
 DELAYQ = {"POLL_INTERVAL": 1, "PRUNE_INTERVAL": None}
+if os.environ.get("BENCH_CLAIM_DELAY"):
+    # `python -m benchmarks.systems.delayq cpu --samples`: the trade-off of
+    # CLAIM_DELAY (seconds, or "none"), CPU against pickup under a steady load.
+    _delay = os.environ["BENCH_CLAIM_DELAY"]
+    DELAYQ["CLAIM_DELAY"] = None if _delay == "none" else float(_delay)
 if os.environ.get("BENCH_SOAK_RETENTION"):
     # benchmarks/soak.py: pruning on, with a retention short enough to reach.
     DELAYQ = {"RETENTION": float(os.environ["BENCH_SOAK_RETENTION"]), "PRUNE_INTERVAL": 30}

@@ -48,6 +48,7 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             "PRUNE_INTERVAL",
             "TIME_LIMIT",
             "ACK_DELAY",
+            "CLAIM_DELAY",
             "DATABASE_OUTAGE_LIMIT",
         ):
             return []

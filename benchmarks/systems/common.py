@@ -396,9 +396,9 @@ def cpu_seconds(pid: int) -> float:
     return ticks / _TICK
 
 
-def _warm_worker(system: System) -> Workers:
+def _warm_worker(system: System, env: dict[str, str] | None = None) -> Workers:
     """One serving worker (concurrency 1) that has processed a first message."""
-    workers = Workers(system, processes=1, concurrency=1)
+    workers = Workers(system, processes=1, concurrency=1, env=env)
     try:
         system.enqueue_one(-1)
         workers.wait_for(1, 120)
@@ -409,7 +409,9 @@ def _warm_worker(system: System) -> Workers:
     return workers
 
 
-def measure_cpu(system: System, rate: float, seconds: float) -> dict[str, Any]:
+def measure_cpu(
+    system: System, rate: float, seconds: float, samples: bool = False
+) -> dict[str, Any]:
     """The serving worker's CPU milliseconds per message at a steady enqueue rate.
 
     After a first message, this process enqueues ``rate * seconds`` no-op
@@ -418,10 +420,16 @@ def measure_cpu(system: System, rate: float, seconds: float) -> dict[str, Any]:
     started the last of them, and divides the worker process's CPU time over
     that window (every thread, and any child process) by the messages. This
     process's own CPU (the enqueuing) is not counted.
+
+    ``samples``: also the pickup latency of every message under that load
+    (commit to handler start, p50 and p95). The probe then keeps every
+    start and writes them all five times a second, which costs the worker
+    CPU: the benchmark's CPU rows run without it.
     """
     system.install()
     n = max(1, round(rate * seconds))
-    workers = _warm_worker(system)
+    workers = _warm_worker(system, {"BENCH_PROBE_SAMPLES": "1"} if samples else None)
+    committed: dict[str, float] = {}
     try:
         pid = workers.procs[0].pid
         cpu_before = cpu_seconds(pid)
@@ -431,6 +439,8 @@ def measure_cpu(system: System, rate: float, seconds: float) -> dict[str, Any]:
             if delay > 0:
                 time.sleep(delay)
             system.enqueue_one(i)
+            if samples:
+                committed[str(i)] = time.monotonic()
             due += 1 / rate
         sent = time.monotonic()
         # As the probe file showed when the enqueuing ended (written every 0.2 s).
@@ -451,9 +461,18 @@ def measure_cpu(system: System, rate: float, seconds: float) -> dict[str, Any]:
         flags.append(f"sent {achieved:,.0f}/s")
     if not kept_up:
         flags.append(f"{behind:.1f} s behind")
+    latency: dict[str, float] = {}
+    if samples:
+        starts = {k: v for p in probes for k, v in p["starts"].items()}
+        lat = sorted((starts[k] - committed[k]) * 1000 for k in committed if k in starts)
+        latency = {
+            "pickup_p50_ms": statistics.median(lat),
+            "pickup_p95_ms": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+        }
     return {
         "value": cpu * 1000 / n,
         "unit": "ms/msg",
+        **latency,
         "messages": n,
         "rate": rate,
         "achieved_rate": achieved,
@@ -553,6 +572,9 @@ def main(factory: Callable[[str], System]) -> None:
     parser.add_argument("--n", type=int, default=10_000, help="messages, samples or runs")
     parser.add_argument("--rate", type=float, default=200, help="cpu: messages per second")
     parser.add_argument("--seconds", type=float, default=30, help="cpu, idle: the window")
+    parser.add_argument(
+        "--samples", action="store_true", help="cpu: also the pickup latency under the load"
+    )
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--queue", default="noop")
@@ -585,7 +607,7 @@ def main(factory: Callable[[str], System]) -> None:
         elif args.metric == "delayed":
             result = measure_delayed(system, args.n)
         elif args.metric == "cpu":
-            result = measure_cpu(system, args.rate, args.seconds)
+            result = measure_cpu(system, args.rate, args.seconds, args.samples)
         elif args.metric == "idle":
             result = measure_idle(system, args.seconds)
         elif args.metric == "startup_burst":

@@ -28,6 +28,7 @@ from collections import Counter
 from datetime import timedelta
 from types import FrameType
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries
 
@@ -191,6 +192,9 @@ class Worker:
             using=self.using,
             batch_size=None if batch is None else int(batch),
             poll_interval=self.poll_interval,
+            claim_delay=0.0
+            if config["CLAIM_DELAY"] is None
+            else to_timedelta(config["CLAIM_DELAY"]).total_seconds(),
             default_lease=default_lease,
             leases=leases,
             time_limits=time_limits,
@@ -323,7 +327,8 @@ class Worker:
             while not self.book.stopping:
                 # DEBUG's query log is per thread and per connection: each of
                 # the worker's threads empties its own.
-                reset_queries()
+                if settings.DEBUG:
+                    reset_queries()
                 self.health.turned()
                 try:
                     if self.metrics is not None:

@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq.models import Message
@@ -124,7 +125,8 @@ class AckBuffer:
             connections.close_all()
 
     def _flush(self, batch: list[tuple[Message, uuid.UUID, float]]) -> None:
-        reset_queries()  # DEBUG's query log of this thread's connection
+        if settings.DEBUG:
+            reset_queries()  # DEBUG's query log of this thread's connection
         held = by_token(batch)
         try:
             mine = _settle_pairs(self.using, lambda: changes.ack_held(held, using=self.using))

@@ -20,10 +20,13 @@ the claimer asks the database only what it cannot know:
   the time it found has come (a message this worker retries also makes it
   read again). Messages due within the poll interval announce themselves
   (NOTIFY); later ones are found by that read.
-* Notifications are coalesced under load: a notification that arrives less
-  than ``COALESCE`` after a claim that found work waits out the rest of it,
-  so at a steady rate one claim takes what arrived meanwhile. An idle
-  worker (no claim for ``COALESCE``) claims at once.
+* Notifications are coalesced under load (``DELAYQ["CLAIM_DELAY"]``): a
+  notification that arrives less than that after a claim that found work
+  waits out the rest of it, without waking for the ones that follow, so at
+  a steady rate one claim takes what arrived meanwhile. An idle worker (no
+  claim that found work for that long) claims at once. At 200 messages a
+  second a wake-up and a claim per message cost about 0.7 ms of CPU each;
+  with a claim every 25 ms, about half of that.
 """
 
 from __future__ import annotations
@@ -45,10 +48,6 @@ logger = logging.getLogger("django_delayq.worker")
 # Shortest idle sleep when something is due but could not be claimed (it is
 # being claimed by another worker right now): avoids a busy loop.
 MIN_IDLE_SLEEP = 0.01
-
-# The longest a notification waits to be claimed together with the next ones,
-# while claims keep finding work (at 200 messages a second: two per claim).
-COALESCE = 0.01
 
 # Shortest sleep until a lane's limits let it claim again.
 MIN_LIMIT_SLEEP = 0.001
@@ -77,6 +76,7 @@ class Claimer:
         using: str,
         batch_size: int | None,
         poll_interval: float,
+        claim_delay: float = 0.0,
         default_lease: timedelta,
         leases: Mapping[HandlerKey, timedelta],
         time_limits: Mapping[HandlerKey, timedelta | None],
@@ -90,6 +90,9 @@ class Claimer:
         self.adaptive = batch_size is None
         self.batch_size = int(batch_size or ADAPTIVE_MAX_BATCH)
         self.poll_interval = poll_interval
+        # The longest a notification waits to be claimed together with the
+        # next ones, while claims keep finding work (CLAIM_DELAY).
+        self.claim_delay = claim_delay
         self.default_lease = default_lease
         self.leases = dict(leases)
         self.time_limits = dict(time_limits)
@@ -320,10 +323,10 @@ class Claimer:
         soon = clock.now() + timedelta(seconds=MIN_IDLE_SLEEP)
         notified = self.waker.notified
         if notified and (self.waker.hint is None or self.waker.hint <= soon):
-            wait = self._worked_at + COALESCE - time.monotonic()
+            wait = self._worked_at + self.claim_delay - time.monotonic()
             if wait > 0 and not self.book.stopping:
                 # Under load: take what arrives meanwhile in the same claim.
-                self.waker.wait(wait)
+                self.waker.wait(wait, listen=False)
                 notified = notified | self.waker.notified
             for lane in self.book.lanes:
                 if not notified.isdisjoint(lane.queues) and lane not in held_back:

@@ -74,16 +74,19 @@ class Waker:
             self._lost_at = None
             logger.warning("LISTEN connection restored")
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, *, listen: bool = True) -> bool:
         """Sleep up to ``timeout`` seconds; True if the whole timeout passed.
 
         A notification (recorded in ``notified`` and ``hint``) or a poke
-        ends it early.
+        ends it early. With ``listen=False`` only a poke does: the
+        notifications that arrive meanwhile are read once, at the end (a
+        worker collecting a steady stream's messages for one claim wakes
+        once, not once per message).
         """
         self._maybe_relisten()
         self.notified = set()
         fds = [self._read_fd]
-        if self._listener is not None:
+        if self._listener is not None and listen:
             fds.append(self._listener.fileno())
         ready: list[int] = []
         if timeout > 0:
@@ -97,22 +100,36 @@ class Waker:
                     pass
             except (BlockingIOError, OSError):
                 pass
-        if self._listener is not None and (timeout <= 0 or self._listener.fileno() in ready):
+        if self._listener is not None and (
+            timeout <= 0 or not listen or self._listener.fileno() in ready
+        ):
             self._drain_notifications()
         return timeout > 0 and not ready and not self.notified
 
     def _drain_notifications(self) -> None:
+        """Read the notifications that have arrived, without waiting for more.
+
+        Straight from the libpq connection (``consume_input``, then each
+        ``PGnotify``): psycopg's ``notifies(timeout=0)`` waits on the socket
+        once more and ends on a timeout, about as much CPU again as the rest
+        of a wake-up, paid for every message of a steady stream. (Nothing is
+        sent on this connection after its LISTEN, so no notification waits in
+        psycopg's own backlog; what arrived before the first claim, that
+        claim takes.)
+        """
         if self._listener is None:
             return
         try:
-            for note in self._listener.notifies(timeout=0):
-                self._note(note.payload)
+            pgconn = self._listener.pgconn
+            pgconn.consume_input()
+            while (note := pgconn.notifies()) is not None:
+                self._note(note.extra)
         except Exception:
             logger.warning("LISTEN connection lost; polling until it is restored", exc_info=True)
             self._close_listener()
             self._lost_at = time.monotonic()
 
-    def _note(self, payload: str) -> None:
+    def _note(self, payload: bytes) -> None:
         try:
             body = json.loads(payload)
             if body.get("queue") not in self.queues:

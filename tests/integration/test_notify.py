@@ -2,6 +2,7 @@
 
 import json
 import signal
+import time
 
 import pytest
 from django.db import connection, transaction  # noqa: F401 (read by skipif)
@@ -100,3 +101,42 @@ def test_idle_worker_is_woken_by_notify_long_before_its_poll(spawn_worker, setti
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+def test_a_wait_that_does_not_listen_reads_the_notifications_at_its_end():
+    # The worker's wait for the next messages of a steady stream: a
+    # notification must not end it (it would wake once per message), and
+    # must not be lost either.
+    from django_delayq.worker.wakeup import Waker
+
+    waker = Waker("default", ["default"], listen=True, poll_interval=5)
+    try:
+        assert waker.listening
+        enqueue("default", {})  # notified before the wait begins
+        started = time.monotonic()
+        waker.wait(0.2, listen=False)
+        # A select() that watched the LISTEN connection would have returned at once.
+        assert time.monotonic() - started >= 0.2
+        assert waker.notified == {"default"}
+        assert waker.hint is not None
+    finally:
+        waker.close()
+
+
+def test_a_listening_wait_reads_every_notification_that_arrived():
+    from django_delayq.worker.wakeup import Waker
+
+    waker = Waker("default", ["default", "emails"], listen=True, poll_interval=5)
+    try:
+        with transaction.atomic():
+            enqueue("default", {})
+            enqueue("emails", {})
+            enqueue("other", {})  # not this worker's queue
+        heard: set[str] = set()
+        deadline = time.monotonic() + 10
+        while heard != {"default", "emails"} and time.monotonic() < deadline:
+            waker.wait(1)
+            heard |= waker.notified
+        assert heard == {"default", "emails"}
+    finally:
+        waker.close()

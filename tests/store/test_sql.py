@@ -60,6 +60,7 @@ USES: dict[str, Use] = {
     "held_rows_unlocked": use(
         lambda f: f.skip_locked_subquery, "ids", "pk", "lock_token", "status", "table"
     ),
+    "held_pairs": use(lambda f: f.array_parameters, "pk", "lock_token", "status"),
     "delete_archived": use(lambda f: f.pipeline and f.array_parameters, "table"),
     "count_ids": use(lambda f: f.pipeline and f.array_parameters, "table"),
     "delete_ids": use(lambda f: f.pipeline and not f.array_parameters, "table"),

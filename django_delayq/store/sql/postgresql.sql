@@ -9,6 +9,12 @@
 -- housekeeping (lease extensions, releases) never waits for a lock.
 {pk} IN (SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) AND {lock_token} = %s AND {status} = 'running' FOR UPDATE SKIP LOCKED)
 
+-- name: held_pairs
+-- The rows of several claims still running, each under its own lock token: an
+-- UPDATE's FROM and WHERE, the ids and their tokens as two arrays of one length.
+-- RETURNING names the pair that matched (the new row has no token any more).
+FROM unnest(%s, %s) AS held(held_pk, held_token) WHERE {pk} = held.held_pk AND {lock_token} = held.held_token AND {status} = 'running' RETURNING held.held_pk, held.held_token
+
 -- name: json_rows
 -- The rows of one JSON document [[key, payload], ...]: one parameter, any size.
 jsonb_array_elements(%s::jsonb) AS u(value)
