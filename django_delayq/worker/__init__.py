@@ -8,9 +8,9 @@
   (:mod:`~django_delayq.worker.acks` commits successes in batches);
 * :mod:`~django_delayq.worker.keeper` (a thread): extends leases, enforces
   time limits, records the heartbeat;
-* :mod:`~django_delayq.worker.maintenance` (a thread, after a first round
-  on the main thread at start): pruning, cron ticks, the messages of dead
-  workers.
+* :mod:`~django_delayq.worker.maintenance` (a thread; with ``--burst``,
+  after a first round on the main thread): pruning, cron ticks, the
+  messages of dead workers.
 
 They share one :class:`~django_delayq.worker.inflight.Book` of what the
 worker holds. :class:`Worker` builds them from the settings and owns start

@@ -1,7 +1,8 @@
 """Maintenance a worker does beside consuming: pruning, cron ticks, dead workers.
 
-Every task runs once when the worker starts, before its first claim, and
-then on its own interval on a thread of its own (with its own connection),
+Every task runs once when the worker starts (a ``--burst`` worker's before
+its first claim), then on its own interval, on a thread of its own (with its
+own connection),
 so a prune or a sweep never holds up a claim: on the claim loop, the sweeps
 every ``HEARTBEAT_INTERVAL`` made every message that arrived meanwhile start
 5-10 ms late. None may stop the worker from consuming: a failing task is
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import liveness, retention
@@ -68,6 +70,7 @@ class Maintenance:
         self.book = book
         self.name = name
         self.using = using
+        self.burst = burst
         # Messages this thread let go are due now: the claimer is told (on
         # PostgreSQL a NOTIFY tells the other workers).
         self._on_due = on_due
@@ -101,12 +104,17 @@ class Maintenance:
         )
 
     def start(self) -> None:
-        """Run every task once, on the caller's thread, then go on on a thread of its own.
+        """Go on on a thread of its own; a ``--burst`` worker's first round is the caller's.
 
-        The first round is the caller's so that a worker's first claim sees
-        its cron ticks installed and the messages of dead workers let go.
+        A one-shot worker must see its cron ticks installed and the messages
+        of dead workers let go before its first claim (its last claim may
+        come right after it). A serving worker claims at once while its
+        thread runs the first round (10 ms of its start-up): what that round
+        installs announces itself (NOTIFY) and what it lets go is claimed
+        through ``on_due``.
         """
-        self.run_due()
+        if self.burst:
+            self.run_due()
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -117,7 +125,8 @@ class Maintenance:
     def _loop(self) -> None:
         try:
             while not self._stop.wait(self._until_next()):
-                reset_queries()  # DEBUG's query log of this thread's connection
+                if settings.DEBUG:
+                    reset_queries()  # DEBUG's query log of this thread's connection
                 self.run_due()
         finally:
             connections.close_all()

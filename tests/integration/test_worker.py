@@ -467,6 +467,37 @@ def test_a_maintenance_task_never_holds_up_a_claim():
     assert not thread.is_alive()
 
 
+def test_a_serving_workers_first_claim_does_not_wait_for_its_first_maintenance_round():
+    # The first round (cron installs, the sweeps, a prune) ran on the main
+    # thread before the first claim: about 10 ms of every serving worker's
+    # start-up to its first message. Here the first round blocks until the
+    # message due at start has run.
+    import threading
+
+    from django_delayq.worker import Worker, maintenance
+    from tests.conftest import wait_for
+
+    release = threading.Event()
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], concurrency=1)
+    worker.maintenance.tasks.insert(
+        0, maintenance._Task("slow", 60, lambda: release.wait(60) and None)
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: Message.objects.get(pk=message.pk).status == "succeeded",
+            timeout=15,
+            message="the message to run while the first maintenance round runs",
+        )
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+
+
 def test_a_worker_whose_lanes_are_full_waits_for_a_slot_without_reading_the_next_due_time(
     run_worker, monkeypatch
 ):
