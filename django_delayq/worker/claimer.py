@@ -282,15 +282,17 @@ class Claimer:
         )
         # The due messages of a queue its limits hold back do not wake the
         # worker: the end of the hold does.
-        next_due = (
-            None if full else self.next_due(frozenset(q for lane in held_back for q in lane.queues))
-        )
+        skip = frozenset(q for lane in held_back for q in lane.queues)
+        next_due = None if full else self.next_due(skip)
         hint = self.waker.hint
         if hint is not None and (next_due is None or hint < next_due):
             next_due = hint
         # After the read: a sleep computed from before it ends early by the
         # read's time, and its claim then finds nothing due yet.
         now = clock.now()
+        later = None if full else self.waker.later(now, skip)
+        if later is not None and (next_due is None or later < next_due):
+            next_due = later
         if next_due is not None:
             # A due time still to come is slept to exactly (it would start
             # MIN_IDLE_SLEEP late otherwise); one already past but not

@@ -8,6 +8,7 @@ worker hammering the database.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -24,6 +25,9 @@ logger = logging.getLogger("django_delayq.worker")
 # After the LISTEN connection is lost (server restart, terminated backend),
 # reopening it is tried at most this often; the worker polls meanwhile.
 RELISTEN_INTERVAL = 5.0
+
+# Most due times to come a worker keeps from notifications (Waker.later).
+MAX_LATER = 1024
 
 
 class Waker:
@@ -43,6 +47,9 @@ class Waker:
         os.set_blocking(self._write_fd, False)
         self._listener: Any = None
         self.hint: datetime | None = None
+        # The due times notified that had not come when heard, earliest first
+        # (a heap): see later().
+        self._later: list[tuple[datetime, str]] = []
         # The queues notified since the last wait began (with a due time).
         self.notified: set[str] = set()
         self._using = using
@@ -129,17 +136,41 @@ class Waker:
             self._close_listener()
             self._lost_at = time.monotonic()
 
+    def later(self, now: datetime, skip: frozenset[str] = frozenset()) -> datetime | None:
+        """The earliest due time notified that has not come yet, but of ``skip``'s queues
+        (those that came are forgotten: the claim after the wake-up they caused
+        took them).
+
+        ``hint`` is the earliest due time of a wait's notifications, and the
+        claim it causes answers it; a delayed message notified beside a due
+        one (in the same wait, or while the worker slept until it) would
+        otherwise be found only by the next read of the next due time, up to
+        ``POLL_INTERVAL`` late, or later under a steady stream, where that
+        read finds a message due now.
+        """
+        while self._later and self._later[0][0] <= now:
+            heapq.heappop(self._later)
+        if not skip:
+            return self._later[0][0] if self._later else None
+        return min((due for due, queue in self._later if queue not in skip), default=None)
+
     def _note(self, payload: bytes) -> None:
         try:
             body = json.loads(payload)
             if body.get("queue") not in self.queues:
                 return
-            due = datetime.fromtimestamp(float(body["due"]), tz=clock.now().tzinfo)
+            now = clock.now()
+            due = datetime.fromtimestamp(float(body["due"]), tz=now.tzinfo)
         except (ValueError, TypeError, KeyError):
             return
         self.notified.add(body["queue"])
         if self.hint is None or due < self.hint:
             self.hint = due
+        if due > now:
+            heapq.heappush(self._later, (due, body["queue"]))
+            if len(self._later) > MAX_LATER:
+                # The latest go: the next due time's read finds them in time.
+                self._later = heapq.nsmallest(MAX_LATER // 2, self._later)
 
     def _close_listener(self) -> None:
         if self._listener is not None:

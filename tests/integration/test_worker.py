@@ -611,3 +611,53 @@ def test_an_idle_worker_claims_at_once_when_notified(settings, claim_delay):
     finally:
         worker.claimer.waker.close()
     assert [listen for _, listen in calls] == [True]
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["same-wait", "while-sleeping-to-it"])
+def test_a_delayed_message_notified_beside_a_due_one_wakes_the_worker_at_its_due_time(
+    settings, together
+):
+    # The wake-up's hint was the earliest due time of its notifications, and
+    # the claim it caused cleared it: a delayed message heard of beside a due
+    # one (in the same wait, or while the worker slept until the delayed one)
+    # was found only by the next read of the next due time, up to
+    # POLL_INTERVAL late (or later: under a steady stream that read finds a
+    # message due now).
+    import json
+
+    from django_delayq.worker import Worker
+    from django_delayq.worker.wakeup import Waker
+
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 30, "CLAIM_DELAY": None}
+    worker = Worker(["default"], concurrency=4, using="default")
+    timeouts: list[float] = []
+
+    def heard(waker: Waker, message: Message) -> None:
+        due = message.next_attempt_time.timestamp()
+        waker._note(json.dumps({"queue": "default", "due": due}).encode())
+
+    class Notified(Waker):
+        def wait(self, timeout: float, *, listen: bool = True) -> bool:
+            timeouts.append(timeout)
+            self.notified = set()
+            if len(timeouts) == 1:
+                later = enqueue("default", {}, delay=timedelta(seconds=10)).message
+                heard(self, later)
+                if not together:
+                    return False
+            if len(timeouts) == (1 if together else 2):
+                heard(self, enqueue("default", {}).message)
+                return False
+            return True
+
+    worker.claimer.waker = Notified("default", ["default"], listen=False, poll_interval=30)
+    try:
+        assert worker.claimer.claim_round() == 0
+        worker.claimer.idle_wait()  # hears of the delayed message (and of the due one)
+        if not together:
+            worker.claimer.idle_wait()  # sleeping until the delayed one, hears of the due one
+        assert worker.claimer.claim_round() == 1  # the due one
+        worker.claimer.idle_wait()
+    finally:
+        worker.claimer.waker.close()
+    assert 0 < timeouts[-1] <= 10
