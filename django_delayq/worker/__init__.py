@@ -10,7 +10,8 @@
   time limits, records the heartbeat;
 * :mod:`~django_delayq.worker.maintenance` (a thread; with ``--burst``,
   after a first round on the main thread): pruning, cron ticks, the
-  messages of dead workers.
+  messages of dead workers (the keeper's and its loop:
+  :mod:`~django_delayq.worker.background`).
 
 They share one :class:`~django_delayq.worker.inflight.Book` of what the
 worker holds. :class:`Worker` builds them from the settings and owns start

@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
 
-from django.db import DatabaseError, connections, reset_queries
+from django.db import DatabaseError, connections
 
 from django_delayq import liveness
 from django_delayq.logs import message_fields
 from django_delayq.store import changes
+from django_delayq.worker.background import Background
 from django_delayq.worker.execute import record_time_limit
 from django_delayq.worker.inflight import Book, InFlight, Phase
 
@@ -68,47 +69,41 @@ class Keeper:
         self._processed = processed
         self._on_database_error = on_database_error
         self._on_heartbeat = on_heartbeat
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="delayq-keeper", daemon=True)
+        self._next_extend = self._next_beat = 0.0
+        self._background = Background("delayq-keeper", self._turn, lambda: self.interval)
 
     def start(self) -> None:
-        self._thread.start()
+        self._next_extend = self._next_beat = time.monotonic()
+        self._background.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
+        self._background.stop(timeout)
 
     def register(self) -> None:
         liveness.register(
             self.name, queues=self.queues, concurrency=self.concurrency, using=self.using
         )
 
-    def _loop(self) -> None:
-        next_extend = next_beat = time.monotonic()
+    def _turn(self) -> None:
+        now = time.monotonic()
         try:
-            while not self._stop.wait(self.interval):
-                reset_queries()  # DEBUG's query log of this thread's connection
-                now = time.monotonic()
-                try:
-                    if self.limits:
-                        self.enforce_time_limits()
-                    if now >= next_extend:
-                        next_extend = now + self.extend_every
-                        self.extend_leases()
-                    if now >= next_beat:
-                        next_beat = now + self.heartbeat_interval
-                        if not liveness.beat(self.name, using=self.using):
-                            self.register()
-                        self._on_heartbeat()
-                except DatabaseError:
-                    logger.warning(
-                        "could not extend leases or record the heartbeat; reconnecting",
-                        exc_info=True,
-                    )
-                    self._on_database_error()
-                    connections[self.using].close()
-        finally:
-            connections.close_all()
+            if self.limits:
+                self.enforce_time_limits()
+            if now >= self._next_extend:
+                self._next_extend = now + self.extend_every
+                self.extend_leases()
+            if now >= self._next_beat:
+                self._next_beat = now + self.heartbeat_interval
+                if not liveness.beat(self.name, using=self.using):
+                    self.register()
+                self._on_heartbeat()
+        except DatabaseError:
+            logger.warning(
+                "could not extend leases or record the heartbeat; reconnecting",
+                exc_info=True,
+            )
+            self._on_database_error()
+            connections[self.using].close()
 
     def extend_leases(self) -> None:
         """Push the lease of every held attempt; drop queued ones that turn out lost."""

@@ -26,18 +26,17 @@ failed) and tried again at its next turn.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.conf import settings
-from django.db import DatabaseError, connections, reset_queries
+from django.db import DatabaseError, connections
 
 from django_delayq import liveness, retention
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.cron import install
 from django_delayq.store import changes
+from django_delayq.worker.background import Background
 from django_delayq.worker.inflight import Book
 
 logger = logging.getLogger("django_delayq.worker")
@@ -74,8 +73,7 @@ class Maintenance:
         # Messages this thread let go are due now: the claimer is told (on
         # PostgreSQL a NOTIFY tells the other workers).
         self._on_due = on_due
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="delayq-maintenance", daemon=True)
+        self._background = Background("delayq-maintenance", self.run_due, self._until_next)
         config = get_config()
         self.tasks: list[_Task] = []
         if config["PRUNE_INTERVAL"] is not None and not burst:
@@ -115,21 +113,10 @@ class Maintenance:
         """
         if self.burst:
             self.run_due()
-        self._thread.start()
+        self._background.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(self._until_next()):
-                if settings.DEBUG:
-                    reset_queries()  # DEBUG's query log of this thread's connection
-                self.run_due()
-        finally:
-            connections.close_all()
+        self._background.stop(timeout)
 
     def _until_next(self) -> float:
         return max(0.0, min(task.due for task in self.tasks) - time.monotonic())
