@@ -751,13 +751,13 @@ def _ack_pairs(
     where = statement("held_pairs", features(connection)).format(
         **_quoted(model, connection, "pk", "lock_token", "status")
     )
-    token_field = _field(model, "lock_token")
+    prepared = {t: _field(model, "lock_token").get_db_prep_value(t, connection) for t in held}
     ids = [pk for pks in held.values() for pk in pks]
-    tokens = [token_field.get_db_prep_value(t, connection) for t, pks in held.items() for _ in pks]
+    tokens = [prepared[t] for t, pks in held.items() for _ in pks]
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} {where}", [*set_params, ids, tokens])
-        by_value = {token_field.get_db_prep_value(t, connection): t for t in held}
-        return {(pk, by_value.get(token, token)) for pk, token in cursor.fetchall()}
+        token_of = {value: t for t, value in prepared.items()}
+        return {(pk, token_of.get(value, value)) for pk, value in cursor.fetchall()}
 
 
 def fail(

@@ -284,11 +284,9 @@ class Claimer:
         # worker: the end of the hold does.
         skip = frozenset(q for lane in held_back for q in lane.queues)
         next_due = None if full else self.next_due(skip)
-        hint = self.waker.hint
-        if hint is not None and (next_due is None or hint < next_due):
-            next_due = hint
         # After the read: a sleep computed from before it ends early by the
-        # read's time, and its claim then finds nothing due yet.
+        # read's time, and its claim then finds nothing due yet. The due
+        # times notified that have not come yet count as next due times.
         now = clock.now()
         later = None if full else self.waker.later(now, skip)
         if later is not None and (next_due is None or later < next_due):
@@ -316,7 +314,6 @@ class Claimer:
         ]
         if overdue:
             timeout = min(timeout, MIN_LIMIT_SLEEP)
-        self.waker.hint = None
         if self.waker.wait(timeout):
             self.undrain()  # the next due time, or the poll interval, has come
             return
@@ -333,9 +330,6 @@ class Claimer:
             for lane in self.book.lanes:
                 if not notified.isdisjoint(lane.queues) and lane not in held_back:
                     self._drained.discard(id(lane))
-            # Answered by the claim that follows; a later due time in a
-            # notification stays as the time to wake up.
-            self.waker.hint = None
 
     def next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
         """The earliest due time of this worker's queues but ``skip``, read at most once

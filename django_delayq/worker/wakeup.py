@@ -46,6 +46,7 @@ class Waker:
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
         self._listener: Any = None
+        # The earliest due time notified during the last wait.
         self.hint: datetime | None = None
         # The due times notified that had not come when heard, earliest first
         # (a heap): see later().
@@ -92,6 +93,7 @@ class Waker:
         """
         self._maybe_relisten()
         self.notified = set()
+        self.hint = None
         fds = [self._read_fd]
         if self._listener is not None and listen:
             fds.append(self._listener.fileno())
@@ -141,12 +143,12 @@ class Waker:
         (those that came are forgotten: the claim after the wake-up they caused
         took them).
 
-        ``hint`` is the earliest due time of a wait's notifications, and the
-        claim it causes answers it; a delayed message notified beside a due
-        one (in the same wait, or while the worker slept until it) would
-        otherwise be found only by the next read of the next due time, up to
-        ``POLL_INTERVAL`` late, or later under a steady stream, where that
-        read finds a message due now.
+        ``hint`` is only the earliest due time of the last wait's
+        notifications, which the claim after it answers; a delayed message
+        notified beside a due one (in the same wait, or while the worker
+        slept until it) would otherwise be found only by the next read of the
+        next due time, up to ``POLL_INTERVAL`` late, or later under a steady
+        stream, where that read finds a message due now.
         """
         while self._later and self._later[0][0] <= now:
             heapq.heappop(self._later)

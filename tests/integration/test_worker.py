@@ -1,6 +1,9 @@
 """The worker's semantics, run in-process against the real database."""
 
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -428,14 +431,27 @@ def test_an_update_of_a_running_message_never_runs_beside_it(serving_worker):
     wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", message="done")
 
 
+@contextmanager
+def _serving(worker, release: threading.Event) -> Iterator[None]:
+    """``worker`` runs (serving) on a thread; at the end ``release`` lets a blocked
+    maintenance task go and the worker must stop."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+
+
 def test_a_maintenance_task_never_holds_up_a_claim():
     # On the claim loop, the sweeps every HEARTBEAT_INTERVAL (dead workers,
     # ordered groups) made each message that arrived meanwhile start 5-10 ms
     # late (the idle pickup's p95), and a long prune held every claim for as
     # long as it ran. Here a task blocks until the message it would have held
     # up has run.
-    import threading
-
     from django_delayq.worker import Worker, maintenance
     from tests.conftest import wait_for
 
@@ -444,15 +460,13 @@ def test_a_maintenance_task_never_holds_up_a_claim():
 
     def slow() -> None:
         runs.append(1)
-        if len(runs) > 1:  # the first round, before the first claim, passes
+        if len(runs) > 1:  # the first round passes
             blocking.set()
             release.wait(60)
 
     worker = Worker(["default"], concurrency=1)
     worker.maintenance.tasks.append(maintenance._Task("slow", 0.01, slow))
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with _serving(worker, release):
         assert blocking.wait(30)
         message = enqueue("default", {}).message
         wait_for(
@@ -460,11 +474,6 @@ def test_a_maintenance_task_never_holds_up_a_claim():
             timeout=15,
             message="the message to run while a maintenance task runs",
         )
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(60)
-    assert not thread.is_alive()
 
 
 def test_a_serving_workers_first_claim_does_not_wait_for_its_first_maintenance_round():
@@ -472,8 +481,6 @@ def test_a_serving_workers_first_claim_does_not_wait_for_its_first_maintenance_r
     # thread before the first claim: about 10 ms of every serving worker's
     # start-up to its first message. Here the first round blocks until the
     # message due at start has run.
-    import threading
-
     from django_delayq.worker import Worker, maintenance
     from tests.conftest import wait_for
 
@@ -483,19 +490,12 @@ def test_a_serving_workers_first_claim_does_not_wait_for_its_first_maintenance_r
     worker.maintenance.tasks.insert(
         0, maintenance._Task("slow", 60, lambda: release.wait(60) and None)
     )
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with _serving(worker, release):
         wait_for(
             lambda: Message.objects.get(pk=message.pk).status == "succeeded",
             timeout=15,
             message="the message to run while the first maintenance round runs",
         )
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(60)
-    assert not thread.is_alive()
 
 
 def test_a_worker_whose_lanes_are_full_waits_for_a_slot_without_reading_the_next_due_time(
