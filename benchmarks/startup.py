@@ -78,8 +78,13 @@ def steps() -> list[Step]:
             "procrastinate: worker --one-shot (standalone)",
             peers,
             [
-                "-m", "procrastinate", "--app=benchmarks.systems.procrastinate_app.app",
-                "worker", "--queues", "noop", "--one-shot",
+                "-m",
+                "procrastinate",
+                "--app=benchmarks.systems.procrastinate_app.app",
+                "worker",
+                "--queues",
+                "noop",
+                "--one-shot",
             ],  # fmt: skip
             "procrastinate",
         ),

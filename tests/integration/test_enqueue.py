@@ -191,6 +191,28 @@ def test_enqueue_many_of_10000_takes_a_handful_of_round_trips():
     assert len(queries) <= 12, [q["sql"][:80] for q in queries]
 
 
+@pytest.mark.parametrize("on_conflict", ["ignore", "update"])
+def test_one_message_and_a_batch_write_the_same_row(on_conflict):
+    """A single message is written by an INSERT ... VALUES of its own, a batch from
+    a JSON document's rows: every column must come out the same."""
+    payload = {"text": "é ' \\ %s", "n": [1, 2.5, None, True], "nested": {"k": ""}}
+    options = {"priority": 7, "max_attempts": 3, "delay": 60, "on_conflict": on_conflict}
+    one = enqueue("default", payload, key="one", **options).message
+    batch = enqueue_many("default", [payload, {}], keys=["many", "other"], **options)
+    fields = [f.attname for f in Message._meta.concrete_fields]
+    skipped = {"id", "key", "created_at", "updated_at", "next_attempt_time", "scheduled_time"}
+
+    def stored(pk):
+        row = Message.objects.filter(pk=pk).values(*fields).get()
+        return {k: v for k, v in row.items() if k not in skipped}
+
+    assert stored(one.pk) == stored(batch[0].message.pk)
+    assert stored(one.pk)["payload"] == payload
+    assert {f: getattr(one, f) for f in fields} == Message.objects.filter(pk=one.pk).values(
+        *fields
+    ).get()
+
+
 def test_using_targets_the_alias():
     result = enqueue("default", {}, using="default")
     assert result.message._state.db == "default"

@@ -103,6 +103,15 @@ def test_enqueue_many_with_one_group_per_payload():
     assert sorted(m.key for m in claim()) == ["a", "b", "d"]
 
 
+def test_enqueue_many_of_one_message_with_its_own_group():
+    # One message is written by an INSERT ... VALUES whose group is a parameter.
+    (first,) = enqueue_many("default", [{"n": 1}], keys=["a"], groups=["g1"])
+    (second,) = enqueue_many("default", [{"n": 2}], keys=["b"], groups=["g1"])
+    assert (first.message.group, second.message.group) == ("g1", "g1")
+    assert Message.objects.get(key="a").payload == {"n": 1}
+    assert held("a", "b") == {"b"}
+
+
 def test_a_message_waiting_for_its_retry_blocks_its_group():
     enqueue("default", {}, key="head", group="g")
     enqueue("default", {}, key="next", group="g")

@@ -95,6 +95,8 @@ USES: dict[str, Use] = {
     "json_rows_grouped": use(always, "key_length", "group_length"),
     "json_rows_group": use(always),
     "insert_rows": use(always, "table", "columns", "values", "source"),
+    "insert_values": use(lambda f: f.returning, "table", "columns", "values"),
+    "one_row_payload": use(lambda f: f.returning),
     "ignore_conflicts": use(lambda f: f.returning, "table", "queue", "key"),
     "update_conflicts": use(
         lambda f: f.returning, "table", "queue", "key", "distinct", "payload_distinct"

@@ -23,6 +23,14 @@ SELECT MIN({due}) FROM {table} WHERE {status} IN ('pending', 'running'){queues}
 -- expressions (key, payload, ...) beside one parameter per other column.
 INSERT INTO {table} ({columns}) SELECT {values} FROM {source}
 
+-- name: insert_values
+-- One new message: {values} are a parameter per column.
+INSERT INTO {table} ({columns}) VALUES ({values})
+
+-- name: one_row_payload
+-- A single message's payload, the JSON text of encode_payload.
+%s
+
 -- name: ignore_conflicts
 -- An existing (queue, key) keeps its message: the new row is skipped.
 ON CONFLICT ({queue}, {key}) DO NOTHING

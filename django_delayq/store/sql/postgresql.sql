@@ -25,6 +25,10 @@ u.value->>0
 -- name: json_rows_payload
 u.value->1
 
+-- name: one_row_payload
+-- A single message's payload, the JSON text of encode_payload.
+%s::jsonb
+
 -- name: json_rows_grouped
 -- The rows of [[key, payload, group], ...], in the document's order.
 jsonb_array_elements(%s::jsonb) AS u(value)
