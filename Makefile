@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-pipeline bench-flow chaos soak
+.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-startup bench-pipeline bench-flow chaos soak
 
 venv:
 	scripts/dev.sh venv
@@ -75,6 +75,9 @@ bench-flow:
 	.venv/bin/python -m pip install -q -e '.[bench,test]'
 	BENCH_POSTGRES="$${BENCH_POSTGRES:-$$(scripts/ensure-postgres.sh | sed 's#/[^/]*$$##')}" \
 		.venv/bin/python -m benchmarks.flow $(ARGS)
+# Where a worker's start-up goes (Python, psycopg, Django, django-delayq), beside
+# procrastinate standalone and through its Django integration (benchmarks/startup.py).
+bench-startup: ; .venv/bin/python -m benchmarks.startup $(ARGS)
 bench-pipeline: ; .venv/bin/python -m benchmarks.pipeline_1m $(ARGS)  # Spark enqueue/archive/report of 1M rows
 
 # The README's admin pictures, taken by the browser tests (SQLite, no server needed).

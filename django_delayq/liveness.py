@@ -33,6 +33,8 @@ logger = logging.getLogger("django_delayq.worker")
 
 # Rows of workers dead (or stopped) for longer than this are deleted.
 FORGET_AFTER = timedelta(days=1)
+#: How often a worker forgets the rows of workers gone that long.
+FORGET_INTERVAL = timedelta(hours=1)
 
 
 def _db(using: str | None) -> str:
@@ -101,9 +103,19 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
         logger.warning(
             "worker %s stopped sending heartbeats; released %d message(s) it held", name, count
         )
-    forget = clock.sql_now_plus(-max(FORGET_AFTER, dead_after()))
-    states.filter(last_seen__lt=forget).delete()
     return released
+
+
+def forget_gone(*, using: str | None = None) -> int:
+    """Delete the rows of workers unseen for ``FORGET_AFTER`` (a day); returns how many.
+
+    Housekeeping of the status page, not of the messages: the maintenance
+    thread runs it hourly rather than with every heartbeat's look for dead
+    workers (a transaction and a DELETE every few seconds of an idle worker).
+    """
+    forget = clock.sql_now_plus(-max(FORGET_AFTER, dead_after()))
+    deleted, _ = WorkerState.objects.using(_db(using)).filter(last_seen__lt=forget).delete()
+    return deleted
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,13 @@ class Maintenance:
         )
         self.tasks.append(
             _Task(
+                "forget workers gone for a day",
+                liveness.FORGET_INTERVAL.total_seconds(),
+                self.forget_gone,
+            )
+        )
+        self.tasks.append(
+            _Task(
                 "let ordered groups go on",
                 to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds(),
                 self.release_groups,
@@ -159,6 +166,9 @@ class Maintenance:
         if released:
             logger.info("let %d ordered group(s) go on past a finished message", released)
             self._on_due()
+
+    def forget_gone(self) -> None:
+        liveness.forget_gone(using=self.using)
 
     def release_dead(self) -> None:
         released = sum(liveness.release_dead(self.name, using=self.using).values())

@@ -52,8 +52,9 @@ def test_stopped_workers_are_not_dead_and_old_rows_are_forgotten(fake_clock):
     fake_clock.advance(3600)
     assert [w.state for w in liveness.workers()] == ["stopped"]
     assert liveness.release_dead("me") == {}
+    assert liveness.forget_gone() == 0
     fake_clock.advance(liveness.FORGET_AFTER.total_seconds())
-    liveness.release_dead("me")
+    assert liveness.forget_gone() == 1
     assert not WorkerState.objects.exists()
 
 
