@@ -356,8 +356,6 @@ def test_every_worker_thread_keeps_its_debug_query_log_short(run_worker, setting
 
 @pytest.mark.parametrize("raised", ["KeyboardInterrupt", "CancelledError"])
 def test_a_handler_raising_a_base_exception_fails_its_attempt_and_the_worker_goes_on(raised):
-    import threading
-
     from django_delayq.worker import Worker
 
     odd = enqueue("default", {"raise": raised}, priority=1, max_attempts=1).message
