@@ -1,4 +1,4 @@
-"""Queue columns on your own model: the row is the message (seed 001).
+"""Queue columns on your own model: the row is the message.
 
 When the thing to process is already a row (an invoice to send, a shipment
 to book), a separate message pointing at it is a second source of truth.

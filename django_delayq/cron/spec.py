@@ -2,7 +2,7 @@
 
 A schedule (``DELAYQ["SCHEDULES"]`` or :func:`schedule` in an app's
 ``handlers.py``) produces *ticks*: messages whose key embeds the schedule
-name, a hash of its configuration and the tick time (seed 002)::
+name, a hash of its configuration and the tick time::
 
     cron:nightly-report:3fa9c1e07b:2026-03-29T00:00:00Z
 

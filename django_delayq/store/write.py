@@ -1,13 +1,14 @@
 """New messages: the one write path of ``enqueue``, cron ticks, the Tasks backend and Spark.
 
 Whatever produces them, new messages are written by one statement per chunk,
-``INSERT ... SELECT`` from a source of rows: one JSON document ``[[key,
+``INSERT ... SELECT`` from a source of rows (a single message: ``INSERT ...
+VALUES`` of its own parameters, :func:`one_row`): one JSON document ``[[key,
 payload], ...]`` for ``enqueue_many`` (one parameter however many messages:
 the statement stays small, its text never changes, psycopg can prepare it),
 or the Spark loader's temporary table. Every other column is one parameter,
 the same for the whole call (:func:`template`). What an existing ``(queue,
 key)`` gets is the conflict clause: skipped (``ignore``/``error``), or
-updated (``update``), reported per key as seed 002's outcomes.
+updated (``update``), reported per key as an :class:`Outcome`.
 
 Per database (``features``): PostgreSQL and SQLite return what they wrote
 (``RETURNING``); MariaDB/MySQL have no ``RETURNING``, so there the new keys
@@ -82,7 +83,8 @@ UPDATED_FIELDS = [
 
 
 class Outcome(enum.StrEnum):
-    """What an enqueue did (seed 002's offer outcomes)."""
+    """What an enqueue did with its key: wrote a new message, rewrote the one there,
+    or left that one as it was."""
 
     CREATED = "created"
     UPDATED = "updated"
@@ -187,9 +189,8 @@ def json_rows(can: Features, grouped: bool = False) -> Source:
 def one_row(can: Features, grouped: bool = False) -> Source:
     """One message's key and payload (and group) as parameters of an ``INSERT ...
     VALUES``: what a single ``enqueue()`` writes. With Django's default (statements
-    sent as text, planned on every call) the server plans it faster than the
-    rows of a JSON document: 1,880-1,970 against 1,690-1,720 statements a second
-    under ``pgbench`` (docs: Performance, Enqueue)."""
+    sent as text, planned on every call) the server plans it about a tenth faster
+    than the rows of a one-row JSON document (docs: Performance, Enqueue)."""
     columns = {"key": "%s", "payload": statement("one_row_payload", can)}
     if grouped:
         columns["group"] = "%s"
@@ -198,7 +199,8 @@ def one_row(can: Features, grouped: bool = False) -> Source:
 
 @dataclass(frozen=True)
 class Insert:
-    """An ``INSERT ... SELECT`` of new messages, built once per backend and shape.
+    """An ``INSERT ... SELECT`` (or ``VALUES``) of new messages, built once per backend
+    and shape.
 
     Building it (quoting, column types) costs more than sending it; only the
     parameters are computed per call: first ``per_call`` from the template,
