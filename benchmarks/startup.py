@@ -24,7 +24,6 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from benchmarks.bench import PEERS_PYTHON, ensure_peers
-from benchmarks.systems.common import ROOT, fresh_database
+from benchmarks.systems.common import ROOT, fresh_database, process_environment
 
 CONNECT = "import psycopg, os; psycopg.connect(os.environ['BENCH_DATABASE_URL']).close()"
 DJANGO_CONNECT = (
@@ -85,7 +84,7 @@ def steps() -> list[Step]:
                 "--queues",
                 "noop",
                 "--one-shot",
-            ],  # fmt: skip
+            ],
             "procrastinate",
         ),
         Step(
@@ -98,19 +97,11 @@ def steps() -> list[Step]:
     ]
 
 
-def environment(url: str, extra: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, **extra, "BENCH_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-    # Bytecode caches written, as a deployment has them (see worker_environment).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.pop("DATABASE_URL", None)
-    return env
-
-
 def spawn(step: Step, url: str) -> float:
     start = time.monotonic()
     done = subprocess.run(
         [step.python, *step.args],
-        env=environment(url, step.env),
+        env=process_environment(url, step.env),
         cwd=ROOT,
         capture_output=True,
         timeout=120,
@@ -128,14 +119,14 @@ def prepare() -> dict[str, str]:
     migrate = ["-m", "django", "migrate", "-v0"]
     subprocess.run(
         [sys.executable, *migrate],
-        env=environment(urls["delayq"], {"DJANGO_SETTINGS_MODULE": "benchmarks.settings"}),
+        env=process_environment(urls["delayq"], {"DJANGO_SETTINGS_MODULE": "benchmarks.settings"}),
         cwd=ROOT,
         check=True,
     )
     # procrastinate.contrib.django's migrations install procrastinate's schema.
     subprocess.run(
         [str(PEERS_PYTHON), *migrate],
-        env=environment(
+        env=process_environment(
             urls["procrastinate"],
             {
                 "DJANGO_SETTINGS_MODULE": "benchmarks.bare_settings",

@@ -121,21 +121,20 @@ class System:
 
 
 def worker_environment(system: System, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker process of ``system`` (probe off unless ``env`` sets it).
+    """The environment of a worker process of ``system`` (probe off unless ``env`` sets it)."""
+    return process_environment(system.url, {**system.worker_env, **(env or {})})
 
-    Workers write bytecode caches, as a deployment has them: with
+
+def process_environment(url: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a benchmark's process on database ``url``, with ``extra``.
+
+    Processes write bytecode caches, as a deployment has them: with
     PYTHONDONTWRITEBYTECODE inherited, every spawn would compile the
     checkout's modules again (the project's, the benchmark's) while the
     packages installed in a virtualenv come compiled, which would weigh on
     the start-up rows unevenly.
     """
-    full = {
-        **os.environ,
-        **system.worker_env,
-        **(env or {}),
-        "BENCH_DATABASE_URL": system.url,
-        "PYTHONPATH": str(ROOT),
-    }
+    full = {**os.environ, **extra, "BENCH_DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
     full.pop("PYTHONDONTWRITEBYTECODE", None)
     return full
 
