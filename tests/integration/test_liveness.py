@@ -54,6 +54,9 @@ def test_stopped_workers_are_not_dead_and_old_rows_are_forgotten(fake_clock):
     assert liveness.release_dead("me") == {}
     assert liveness.forget_gone() == 0
     fake_clock.advance(liveness.FORGET_AFTER.total_seconds())
+    # The look for dead workers (every heartbeat) leaves that to the hourly task.
+    liveness.release_dead("me")
+    assert WorkerState.objects.filter(name="gone").exists()
     assert liveness.forget_gone() == 1
     assert not WorkerState.objects.exists()
 
