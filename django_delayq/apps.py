@@ -13,12 +13,15 @@ class DelayQConfig(AppConfig):
 
     def ready(self) -> None:
         from django.core.signals import setting_changed
+        from django.db.backends.signals import connection_created
         from django.utils.module_loading import autodiscover_modules
 
         from django_delayq import checks  # noqa: F401  (registers the checks)
         from django_delayq.conf import clear_cache
+        from django_delayq.store.server import register_functions
 
         setting_changed.connect(clear_cache, dispatch_uid="django_delayq.conf")
+        connection_created.connect(register_functions, dispatch_uid="django_delayq.functions")
         # Like admin.py for the admin: every installed app's handlers.py is
         # imported, so @handler registrations exist before a worker starts.
         autodiscover_modules("handlers")

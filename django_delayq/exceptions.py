@@ -81,3 +81,16 @@ class DatabaseUnreachable(DelayQError):
 
     #: The exit status of ``run_delayq`` when it gives up on its database.
     exit_code = 75
+
+
+class WorkerCrashed(DelayQError):
+    """A worker stopped because one of its threads kept dying (an error of django-delayq's).
+
+    Raised by ``Worker.run()`` once the worker has stopped; ``run_delayq``
+    exits with its ``exit_code``, 70 (``EX_SOFTWARE``), so the process manager
+    restarts it and the failure shows, instead of a worker that runs on with
+    a part missing (a lease keeper that stopped would let every lease lapse).
+    """
+
+    #: The exit status of ``run_delayq`` when a part of the worker kept dying.
+    exit_code = 70

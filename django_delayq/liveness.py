@@ -46,9 +46,20 @@ def dead_after() -> timedelta:
 
 
 def register(
-    name: str, *, queues: Collection[str], concurrency: int, using: str | None = None
+    name: str,
+    *,
+    queues: Collection[str],
+    concurrency: int,
+    alive_for: timedelta | None = None,
+    using: str | None = None,
 ) -> None:
-    """Record (or re-record, after a restart that reused the name) this worker."""
+    """Record (or re-record, after a restart that reused the name) this worker.
+
+    A row of this name that did not stop cleanly belonged to an earlier
+    process under the same name (``--name``, or a pid used again after a
+    reboot): what it still holds is handed back first, since from now on
+    this worker's heartbeat would keep it "alive" (see :func:`beat`).
+    """
     alias = _db(using)
     fields = {
         "host": socket.gethostname()[:255],
@@ -57,9 +68,18 @@ def register(
         "concurrency": concurrency,
         "started_at": clock.sql_now(),
         "last_seen": clock.sql_now(),
+        "alive_until": clock.sql_now_plus(alive_for or dead_after()),
         "stopped_at": None,
     }
     rows = WorkerState.objects.using(alias)
+    if rows.filter(name=name, stopped_at__isnull=True).exists():
+        released = changes.release_workers([name], using=alias).get(name, 0)
+        if released:
+            logger.warning(
+                "worker %s was not stopped cleanly before; released %d message(s) it held",
+                name,
+                released,
+            )
     if rows.filter(name=name).update(**fields):
         return
     try:
@@ -69,18 +89,34 @@ def register(
         rows.filter(name=name).update(**fields)
 
 
-def beat(name: str, *, using: str | None = None) -> int:
-    """Refresh this worker's ``last_seen``; returns 0 if its row is gone."""
+def beat(name: str, *, alive_for: timedelta | None = None, using: str | None = None) -> int:
+    """Refresh this worker's ``last_seen``, and promise it beats again within ``alive_for``
+    (``alive_until``); returns 0 if its row is gone.
+
+    While that promise holds, no claim takes a message this worker runs, even
+    if its lease lapsed (``queries.claimable_condition``): the keeper that
+    beats is the one that extends the leases, so a worker that keeps its
+    promise is alive, and its lease lapsed only because another transaction
+    held the row. A worker that breaks it (killed, frozen) loses its messages
+    when their leases run out, as before.
+    """
+    now = clock.sql_now()
     return (
         WorkerState.objects.using(_db(using))
         .filter(name=name)
-        .update(last_seen=clock.sql_now(), stopped_at=None)
+        .update(
+            last_seen=now,
+            alive_until=clock.sql_now_plus(alive_for or dead_after()),
+            stopped_at=None,
+        )
     )
 
 
 def mark_stopped(name: str, *, using: str | None = None) -> None:
     now = clock.sql_now()
-    WorkerState.objects.using(_db(using)).filter(name=name).update(last_seen=now, stopped_at=now)
+    WorkerState.objects.using(_db(using)).filter(name=name).update(
+        last_seen=now, alive_until=now, stopped_at=now
+    )
 
 
 def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:

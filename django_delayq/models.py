@@ -313,6 +313,12 @@ class WorkerState(models.Model):
     concurrency = models.PositiveIntegerField(default=1)
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField(db_index=True)
+    # Its heartbeat's promise: the worker extends its leases at least this
+    # often, so while this has not passed, a lease of its that lapsed was
+    # not lost (another transaction held the row): no claim takes it.
+    alive_until = models.DateTimeField(
+        null=True, blank=True, help_text=_("Moved forward by every heartbeat.")
+    )
     stopped_at = models.DateTimeField(
         null=True, blank=True, help_text=_("Set by a clean shutdown; empty while running.")
     )

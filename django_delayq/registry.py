@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
 from django_delayq.conf import check_max_delay, get_config, to_timedelta
@@ -25,6 +26,20 @@ from django_delayq.values import check_text, is_int_between
 
 if TYPE_CHECKING:
     from django.db.models import Model
+
+
+def is_async_callable(func: object) -> bool:
+    """``async def`` (or marked as such, ``asgiref.sync.markcoroutinefunction``), or a
+    callable object whose ``__call__`` is."""
+    if iscoroutinefunction(func):
+        return True
+    if isinstance(func, type):
+        return False
+    call = next(
+        (k.__dict__["__call__"] for k in type(func).__mro__ if "__call__" in k.__dict__), None
+    )
+    return call is not None and iscoroutinefunction(call)
+
 
 # Called with the claimed ``Message``, or with the row of a ``QueueFields`` model.
 HandlerFunc = Callable[[Any], Any]
@@ -85,6 +100,11 @@ class HandlerSpec:
     @property
     def name(self) -> str:
         return f"{self.func.__module__}.{self.func.__qualname__}"
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` handler: the worker awaits it on its event loop."""
+        return is_async_callable(self.func)
 
     def _queue_setting(self, name: str) -> Any:
         config = get_config()
@@ -286,6 +306,13 @@ def handler(
     def decorate(func: F) -> F:
         if not callable(func):
             raise TypeError("@handler must decorate a callable")
+        if atomic and is_async_callable(func):
+            raise ImproperlyConfigured(
+                f"{func.__module__}.{func.__qualname__}: an async def handler cannot be "
+                "atomic=True (Django runs a transaction on one thread, and an async handler's "
+                "database calls run on others); make it a plain def, or drop atomic=True and "
+                "make its writes idempotent"
+            )
         registry.register(
             HandlerSpec(
                 func=func,

@@ -42,7 +42,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.dispatch import Signal
+
+from django_delayq import guard
 
 logger = logging.getLogger("django_delayq.signals")
 
@@ -64,17 +67,32 @@ __all__ = [
 
 
 def send(signal: Signal, **kwargs: Any) -> None:
-    """Send ``signal`` from the Message model; receivers' errors are logged, not raised."""
+    """Send ``signal`` from the Message model; whatever a receiver raises is logged, not raised.
+
+    Each receiver is called on its own (:func:`django_delayq.guard.call`), so
+    one that raises, even ``SystemExit`` or ``asyncio.CancelledError`` (which
+    Django's ``send_robust`` lets through), neither stops the receivers after
+    it nor the worker thread that sends.
+    """
     if not signal.receivers:
         return
     from django_delayq.models import Message
 
     row = kwargs.get("message")
     sender = Message if row is None else type(row)
-    for receiver, response in signal.send_robust(sender, **kwargs):
-        if isinstance(response, Exception):
-            logger.error(
-                "signal receiver %r raised",
-                receiver,
-                exc_info=(type(response), response, response.__traceback__),
-            )
+    for receiver in _receivers(signal, sender):
+        guard.call(
+            f"signal receiver {receiver!r}",
+            receiver,
+            signal=signal,
+            sender=sender,
+            log=logger,
+            **kwargs,
+        )
+
+
+def _receivers(signal: Signal, sender: Any) -> list[Any]:
+    """The live receivers of ``signal`` for ``sender``, the async ones made callable
+    from this (synchronous) thread."""
+    sync_receivers, async_receivers = signal._live_receivers(sender)  # type: ignore[attr-defined]
+    return [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]

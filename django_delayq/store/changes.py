@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, cast
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import (
     BooleanField,
     Case,
@@ -52,13 +52,14 @@ from django.db.models.functions import Greatest
 from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
+from django_delayq.conf import get_config, to_timedelta
 from django_delayq.fingerprint import fingerprint
 from django_delayq.flow import failure_blocks
 from django_delayq.models import Message
-from django_delayq.routers import model_alias
+from django_delayq.routers import model_alias, queue_alias
 from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.features import features
-from django_delayq.store.queries import due_condition, held_condition
+from django_delayq.store.queries import claimable_condition, held_condition
 from django_delayq.store.rows import returned_columns, rows_from
 from django_delayq.store.sql import statement
 
@@ -154,6 +155,8 @@ class _ClaimKey:
     leases: frozenset[tuple[tuple[str, str | None], timedelta]]
     # Only these kinds (True) or all but these (False); None: every kind.
     kinds: tuple[frozenset[str], bool] | None = None
+    # WORKER_DEAD_AFTER: a running row is taken only from a worker gone this long.
+    dead_after: timedelta = timedelta(seconds=30)
 
 
 def claim(
@@ -193,6 +196,7 @@ def claim(
         lease,
         frozenset((leases or {}).items()),
         None if kinds is None else (frozenset(kinds[0]), kinds[1]),
+        to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
     )
     if features(connections[alias]).limit_in_subquery:
         messages = _claim_in_one_statement(key, token)
@@ -223,7 +227,17 @@ def _picked(key: _ClaimKey) -> QuerySet[Any]:
     alone, so other messages cost nothing more.
     """
     now = clock.sql_now()
-    due = key.model._base_manager.using(key.alias).filter(due_condition(now))
+    connection = connections[key.alias]
+    condition = claimable_condition(
+        now,
+        key.dead_after,
+        # The workers' heartbeats are in the queue's database: a model's table
+        # elsewhere is taken back on its leases alone.
+        liveness=key.alias == queue_alias(),
+        function=features(connection).group_function,
+        pids=connection.vendor == "sqlite",
+    )
+    due = key.model._base_manager.using(key.alias).filter(condition)
     if key.queues is not None:
         due = due.filter(queue__in=list(key.queues))
     if key.kinds is not None:
@@ -415,6 +429,23 @@ def group_clear(
     return Q(group="") | (~Exists(earlier) & ~Exists(running))
 
 
+def install_holder_function(connection: Any, *, remove: bool = False) -> None:
+    """Create (or, ``remove``, drop) ``delayq_holder_gone`` where the database uses it."""
+    from django_delayq.models import WorkerState
+
+    can = features(connection)
+    if not can.group_function:
+        return
+    qn = connection.ops.quote_name
+    names = ("name", "stopped_at", "last_seen", "alive_until")
+    fields = {f: qn(str(_field(WorkerState, f).column)) for f in names}
+    sql = statement("drop_holder_gone" if remove else "create_holder_gone", can).format(
+        workers=qn(WorkerState._meta.db_table), **fields
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+
+
 class GroupClear(Func):
     """``delayq_group_clear(queue, group, id, now, failed_blocks)`` (PostgreSQL)."""
 
@@ -585,8 +616,9 @@ def _update_held(
     connection = connections[alias]
     can = features(connection)
     locks = connection.features.has_select_for_update
+    no_wait = skip_locked and can.no_wait and not returning
     if (returning and not can.returning) or (
-        skip_locked and locks and not can.skip_locked_subquery
+        skip_locked and locks and not can.skip_locked_subquery and not no_wait
     ):
         # MariaDB/MySQL: lock the rows still held (skipping those another
         # transaction holds, if asked), then change exactly those.
@@ -617,11 +649,40 @@ def _update_held(
         _field(model, "lock_token").get_db_prep_value(token, connection),
     ]
     sql += where
+    if no_wait:
+        return _without_waiting(connection, sql, params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if returning:
             return {row[0] for row in cursor.fetchall()}
         return cursor.rowcount
+
+
+def _without_waiting(connection: Any, sql: str, params: list[Any]) -> int:
+    """Run ``sql`` (an ``UPDATE``) unless a row it would change is locked by another
+    transaction: then nothing changes and it returns 0, as for rows no longer held
+    (MariaDB/MySQL: a lock wait timeout of 0 for this one statement).
+
+    The caller tells the two apart by reading the rows (:func:`states`).
+    """
+    can = features(connection)
+    if connection.mysql_is_mariadb:
+        text = statement("no_wait_mariadb", can).format(sql=sql)
+    else:
+        verb, rest = sql.split(" ", 1)
+        text = statement("no_wait_mysql", can).format(verb=verb, rest=rest)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(text, params)
+            return int(cursor.rowcount)
+    except OperationalError as exc:
+        if exc.args and exc.args[0] == LOCK_WAIT_TIMEOUT:
+            return 0
+        raise
+
+
+# MariaDB's and MySQL's error "Lock wait timeout exceeded".
+LOCK_WAIT_TIMEOUT = 1205
 
 
 def _held_where(
@@ -695,11 +756,25 @@ def _succeeded() -> dict[str, Any]:
 
 
 def ack(
-    ids: Iterable[Any], token: uuid.UUID, *, using: str | None = None, model: type[Model] = Message
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    *,
+    using: str | None = None,
+    model: type[Model] = Message,
+    skip_locked: bool = False,
 ) -> int:
-    """Mark rows succeeded; returns how many were still ours."""
+    """Mark rows succeeded; returns how many were still ours (``skip_locked``: and
+    not locked by another transaction, see :func:`_update_held`)."""
     return int(
-        _update_held(ids, token, _succeeded(), using=using, model=model, same_as="succeeded")
+        _update_held(
+            ids,
+            token,
+            _succeeded(),
+            using=using,
+            model=model,
+            same_as="succeeded",
+            skip_locked=skip_locked,
+        )
     )
 
 
@@ -708,6 +783,7 @@ def ack_held(
     *,
     using: str | None = None,
     model: type[Model] = Message,
+    skip_locked: bool = False,
 ) -> set[tuple[Any, uuid.UUID]]:
     """Mark the rows of several claims succeeded at once; returns the (id, token) still ours.
 
@@ -716,14 +792,16 @@ def ack_held(
     were claimed again after their lease expired). Judged per attempt: a
     worker may hold one row under two tokens (it claimed it again after
     losing its lease), and only the attempt whose token the row carries is
-    acknowledged.
+    acknowledged. ``skip_locked``: rows another transaction has locked are
+    left out too, rather than waited for (the caller reads which of those
+    are still held, :func:`states`, and tries them again later).
     """
     alias = _db(using, model)
     if not held:
         return set()
     connection = connections[alias]
     if len(held) > 1 and features(connection).array_parameters:
-        return _ack_pairs(held, alias, model)
+        return _ack_pairs(held, alias, model, skip_locked=skip_locked)
     mine: set[tuple[Any, uuid.UUID]] = set()
     with transaction.atomic(using=alias) if len(held) > 1 else nullcontext():
         for token, ids in held.items():
@@ -735,20 +813,26 @@ def ack_held(
                 model=model,
                 returning=True,
                 same_as="succeeded",
+                skip_locked=skip_locked,
             )
             mine.update((pk, token) for pk in kept)
     return mine
 
 
 def _ack_pairs(
-    held: Mapping[uuid.UUID, Collection[Any]], alias: str, model: type[Model]
+    held: Mapping[uuid.UUID, Collection[Any]],
+    alias: str,
+    model: type[Model],
+    *,
+    skip_locked: bool = False,
 ) -> set[tuple[Any, uuid.UUID]]:
     """``ack_held`` of several claims in one statement (PostgreSQL): the (id, token)
     pairs as two arrays. A worker's acknowledgements at a low rate span about
     as many claims as messages, and a statement per claim was most of their cost."""
     connection = connections[alias]
     sql, set_params = _set_clause(model, alias, _succeeded(), "succeeded")
-    where = statement("held_pairs", features(connection)).format(
+    name = "held_pairs_unlocked" if skip_locked else "held_pairs"
+    where = statement(name, features(connection)).format(
         **_quoted(model, connection, "pk", "lock_token", "status")
     )
     prepared = {t: _field(model, "lock_token").get_db_prep_value(t, connection) for t in held}
@@ -806,6 +890,7 @@ def snooze(
     max_attempts: int,
     using: str | None = None,
     model: type[Model] = Message,
+    skip_locked: bool = False,
 ) -> int:
     """Reschedule without spending an attempt (``Retry``): raise the cap by one.
 
@@ -819,7 +904,11 @@ def snooze(
         "max_attempts": max_attempts,
         "updated_at": clock.sql_now(),
     }
-    return int(_update_held([message_id], token, changes, using=using, model=model))
+    return int(
+        _update_held(
+            [message_id], token, changes, using=using, model=model, skip_locked=skip_locked
+        )
+    )
 
 
 def release(
@@ -860,11 +949,15 @@ def extend(
     *,
     model: type[Model] = Message,
     using: str | None = None,
+    wait: bool = False,
 ) -> set[Any]:
     """Push the lease of rows still held; returns the ids extended.
 
     Rows locked by another transaction are skipped rather than waited for,
-    so the lease keeper never stalls behind an open transaction.
+    so the lease keeper never stalls behind an open transaction; ``wait``
+    waits for them instead (the keeper's waiters, one row each: while one
+    waits for a lock, no other worker's claim can take that row, which
+    skips locked rows, and the extension lands the moment the lock goes).
     """
     changes = {"next_attempt_time": clock.sql_now_plus(lease), "updated_at": clock.sql_now()}
     return set(
@@ -875,7 +968,7 @@ def extend(
             using=using,
             model=model,
             same_as=("extend", lease),
-            skip_locked=True,
+            skip_locked=not wait,
             returning=True,
         )
     )
@@ -888,6 +981,39 @@ def held_ids(
     rows = model._base_manager.using(_db(using, model))
     held = rows.filter(pk__in=list(ids), lock_token=token, status=Status.RUNNING)
     return set(held.values_list("pk", flat=True))
+
+
+@dataclass(frozen=True)
+class RowState:
+    """What a row says of the attempt that last claimed it (a plain read, no lock)."""
+
+    status: str
+    lock_token: uuid.UUID | None
+    last_attempt_time: datetime | None
+
+    def holds(self, token: uuid.UUID) -> bool:
+        """Still running under ``token``: an outcome under it can still be written."""
+        return self.status == Status.RUNNING and self.lock_token == token
+
+    def ended(self, token: uuid.UUID, attempted_at: datetime | None) -> bool:
+        """Ended by the attempt that was claimed at ``attempted_at`` (not claimed again
+        since: a claim moves ``last_attempt_time``): its outcome was written, though its
+        writer never heard back (a connection lost with the commit's reply)."""
+        return (
+            self.status != Status.RUNNING
+            and self.lock_token != token
+            and self.last_attempt_time is not None
+            and self.last_attempt_time == attempted_at
+        )
+
+
+def states(
+    ids: Iterable[Any], *, using: str | None = None, model: type[Model] = Message
+) -> dict[Any, RowState]:
+    """The :class:`RowState` of each of ``ids`` that still exists."""
+    rows = model._base_manager.using(_db(using, model)).filter(pk__in=list(ids))
+    found = rows.values_list("pk", "status", "lock_token", "last_attempt_time")
+    return {pk: RowState(status, token, at) for pk, status, token, at in found}
 
 
 def write_payload(

@@ -65,6 +65,11 @@ class Features:
     #: plan the server keeps per connection (``delayq_group_clear``), rather
     #: than two subqueries planned again with every claim sent as text.
     group_function: bool
+    #: One statement is kept from waiting for a row lock (where there is no
+    #: ``SKIP LOCKED`` subquery in an ``UPDATE``) by a lock wait timeout of its
+    #: own: MariaDB's ``SET STATEMENT ... FOR``, MySQL's ``SET_VAR`` hint. SQLite
+    #: has no row locks; PostgreSQL skips them.
+    no_wait: bool = False
 
 
 @cache
@@ -90,6 +95,7 @@ def _features(vendor: str, sqlite_version: tuple[int, ...]) -> Features:
         inline_constants=postgres,
         group_commits=postgres,
         group_function=postgres,
+        no_wait=mysql,
     )
 
 

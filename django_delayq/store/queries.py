@@ -16,11 +16,11 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Self, TypeVar, cast
 
 from django.db import connections, models
-from django.db.models import Count, Exists, Expression, Max, Min, OuterRef, Q
+from django.db.models import Count, Exists, Expression, F, Func, Max, Min, OuterRef, Q, Value
 from django.db.models.expressions import Col
 from django.db.models.functions import TruncMinute
 
@@ -47,6 +47,73 @@ def due_condition(now: Now | None = None) -> Q:
     again: that is how a crashed worker's message comes back.
     """
     return active_condition() & Q(next_attempt_time__lte=clock.sql_now() if now is None else now)
+
+
+def claimable_condition(
+    now: Now,
+    dead_after: timedelta,
+    *,
+    liveness: bool = True,
+    function: bool = False,
+    pids: bool = False,
+) -> Q:
+    """Rows a worker's claim may take now: due, but never from a live worker.
+
+    A ``running`` row whose lease passed is due again only if the worker
+    holding it is gone: its last heartbeat's promise (``alive_until``) has
+    passed (for a worker of an older version, which makes none: no heartbeat
+    for ``dead_after``, ``WORKER_DEAD_AFTER``), it stopped, or it is unknown.
+    A live worker's lease can lapse without the worker losing the message:
+    another transaction held the row's lock (a producer's upsert of its key,
+    an operator's bulk change, the Spark loader), so its keeper could not
+    extend it, and the instant that transaction ended another worker's claim
+    would have run the message a second time, beside the first. Its keeper
+    extends the lease at its next round; a worker that really died breaks its
+    promise within a few heartbeats, so its messages still come back when
+    their leases run out.
+
+    ``liveness=False``: the lease alone (a ``QueueFields`` table on another
+    database than the workers'). ``function``: the test is the server-side
+    function ``delayq_holder_gone`` (PostgreSQL, migration 0011), whose plan
+    the server keeps. ``pids``: a worker whose process lives also counts as
+    live for ``dead_after`` since its last heartbeat (SQLite: every worker is
+    on this host, and no heartbeat can be written while another transaction
+    holds the database's write lock, so a long one would break every
+    worker's promise at once; ``delayq_process_alive``, ``server.py``).
+    """
+    due = due_condition(now)
+    if not liveness:
+        return due
+    since = clock.sql_now_plus(-dead_after) if not isinstance(now, datetime) else now - dead_after
+    if function:
+        at = now if not isinstance(now, datetime) else Value(now, models.DateTimeField())
+        gone = Q(HolderGone(F("locked_by"), at, Value(dead_after, models.DurationField())))
+    else:
+        from django_delayq.models import WorkerState
+
+        promise = Q(alive_until__gt=now) | Q(alive_until__isnull=True, last_seen__gt=since)
+        if pids:
+            promise |= Q(last_seen__gt=since) & Q(ProcessAlive(F("name")))
+        live = WorkerState._base_manager.filter(
+            promise, name=OuterRef("locked_by"), stopped_at__isnull=True
+        )
+        gone = Q(~Exists(live))
+    return due & (Q(status=Status.PENDING) | gone)
+
+
+class HolderGone(Func):
+    """``delayq_holder_gone(locked_by, now, dead_after)`` (PostgreSQL)."""
+
+    function = "delayq_holder_gone"
+    output_field = models.BooleanField()
+
+
+class ProcessAlive(Func):
+    """``delayq_process_alive(name)``: a process of this host has that worker name's pid
+    (SQLite only, where ``server.register_functions`` defines it)."""
+
+    function = "delayq_process_alive"
+    output_field = models.BooleanField()
 
 
 def held_condition(now: Now | None = None) -> Q:

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -147,3 +149,40 @@ def is_transient(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = getattr(cause, "args", ())
     return bool(args) and args[0] in _TRANSIENT_CODES
+
+
+# -- functions of ours on SQLite connections ----------------------------------------
+
+_HOST = socket.gethostname()
+
+
+def process_alive(name: str | None) -> int:
+    """Whether the worker named ``name`` (``host:pid``, ``worker_name()``'s form) is a
+    live process of this host: 1 or 0, for SQLite.
+
+    On SQLite every worker runs on the host that has the file, so the
+    operating system can say for sure which of them live, where a heartbeat
+    cannot: none is written while another transaction holds the database's
+    write lock, and a long one (a producer's, an atomic handler's) would let
+    every worker's heartbeat and leases lapse at once. Any other name
+    (another host, a name of one's own) is left to the heartbeat.
+    """
+    host, _, pid = (name or "").rpartition(":")
+    if host != _HOST or not pid.isdigit() or not 0 < int(pid) < 2**31:
+        return 0
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return 0
+    except PermissionError:
+        return 1  # it exists, under another user
+    return 1
+
+
+def register_functions(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """``connection_created`` receiver: define ``delayq_process_alive`` on SQLite connections
+    (the claim asks it, ``queries.claimable_condition``)."""
+    if connection.vendor == "sqlite":
+        connection.connection.create_function(
+            "delayq_process_alive", 1, process_alive, deterministic=False
+        )

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -35,7 +36,7 @@ from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import liveness
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.exceptions import DatabaseUnreachable
+from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
 from django_delayq.flow import Scope, limits_of
 from django_delayq.health import Health, HealthServer
 from django_delayq.models import Message
@@ -43,7 +44,8 @@ from django_delayq.registry import HandlerSpec, registry
 from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 from django_delayq.store.features import features
-from django_delayq.worker.acks import AckBuffer
+from django_delayq.worker.acks import Settler
+from django_delayq.worker.background import Supervisor
 from django_delayq.worker.claimer import Claimer
 from django_delayq.worker.execute import Result
 from django_delayq.worker.inflight import Book, InFlight, Lane
@@ -200,8 +202,16 @@ class Worker:
             leases=leases,
             time_limits=time_limits,
         )
+        #: Every thread of the worker reports its death here; the claim loop
+        #: replaces it, or stops the worker (background.py).
+        self.supervisor = Supervisor(poke=self._poke)
         self.maintenance = Maintenance(
-            self.book, name=self.name, using=self.using, burst=burst, on_due=self._due_elsewhere
+            self.book,
+            name=self.name,
+            using=self.using,
+            burst=burst,
+            on_due=self._due_elsewhere,
+            supervisor=self.supervisor,
         )
         self.keeper = Keeper(
             self.book,
@@ -216,8 +226,10 @@ class Worker:
             processed=self._processed,
             on_database_error=self._database_error,
             on_heartbeat=self.health.beat,
+            supervisor=self.supervisor,
         )
         self.runner: Runner  # built by run(): its acknowledgements need the connection
+        self.settler: Settler
         self._force = False
         # Bumped on every database error seen by the claim loop or the keeper:
         # executors then check their connection before the next handler.
@@ -263,6 +275,9 @@ class Worker:
         """Stop claiming; running handlers get the grace period to finish."""
         self.health.stopping(self.shutdown_grace)
         self.book.stop()
+        self._poke()
+
+    def _poke(self) -> None:
         if self.claimer.waker is not None:
             self.claimer.waker.poke()
 
@@ -285,21 +300,23 @@ class Worker:
             listen=config["NOTIFY"] and not self.burst,
             poll_interval=self.poll_interval,
         )
-        acks = None
+        batching = None
         if config["ACK_DELAY"] is not None and features(connections[self.using]).group_commits:
-            acks = AckBuffer(
-                self.using,
-                max_delay=to_timedelta(config["ACK_DELAY"]).total_seconds(),
-                on_lost=self._ack_lost,
-                on_committed=self._acks_committed,
-            )
+            batching = to_timedelta(config["ACK_DELAY"]).total_seconds()
+        acks = self.settler = Settler(
+            self.using,
+            settled=self._settled,
+            max_delay=batching,
+            on_committed=self._acks_committed,
+        )
         self.runner = Runner(
             self.book,
             using=self.using,
-            acks=acks,
-            group_window=None if acks is None else acks.max_delay,
+            settler=acks,
+            group_window=batching,
             settled=self._settled,
             database_failures=lambda: self._db_failures,
+            died=self._executor_died,
         )
         logger.info(
             "worker %s consuming %s (concurrency %s, batch %s%s)",
@@ -316,6 +333,7 @@ class Worker:
         except DatabaseError:
             logger.warning("could not record this worker's heartbeat yet", exc_info=True)
             connections[self.using].close()
+        acks.start(self.supervisor)
         self.runner.start(self.concurrency)
         self.keeper.start()
         self.maintenance.start()
@@ -326,6 +344,9 @@ class Worker:
         gave_up = False
         try:
             while not self.book.stopping:
+                if not self.supervisor.check():
+                    self.stop()
+                    break
                 # DEBUG's query log is per thread and per connection: each of
                 # the worker's threads empties its own.
                 if settings.DEBUG:
@@ -348,8 +369,7 @@ class Worker:
                         # (Messages a limit holds back are due: --burst runs them too.)
                         if last_look:
                             break
-                        if acks is not None:
-                            acks.wait_idle()
+                        acks.wait_idle()
                         last_look = True
                         self.claimer.undrain()
                         continue
@@ -385,6 +405,8 @@ class Worker:
                 self.metrics.stop()
             if self.health_server is not None:
                 self.health_server.stop()
+        if self.supervisor.fatal is not None:
+            raise WorkerCrashed(f"the worker stopped: {self.supervisor.fatal}")
         if gave_up:
             raise DatabaseUnreachable(
                 f"the database stayed unreachable for over {self.database_outage_limit:g} s "
@@ -465,10 +487,8 @@ class Worker:
         if self.claimer.waker is not None:
             self.claimer.waker.poke()
 
-    def _ack_lost(self, message: Message) -> None:
-        """A batched acknowledgement found the message claimed again."""
-        self.book.count("succeeded", -1)
-        self.book.count("lease_lost")
+    def _executor_died(self, thread: threading.Thread, error: BaseException) -> None:
+        self.supervisor.died("executor", error, lambda: self.runner.replace(thread), thread=thread)
 
     # -- shutdown -------------------------------------------------------------
 
@@ -501,23 +521,25 @@ class Worker:
                 logger.warning("could not wake the other workers", exc_info=True)
         return released
 
-    def _shutdown(self, acks: AckBuffer | None) -> None:
+    def _shutdown(self, acks: Settler) -> None:
         waiting = self.book.drain_queued()
         if waiting:
             count = self._release(waiting, started=False)
             logger.info("released %d claimed but unstarted message(s)", count)
         deadline = time.monotonic() + self.shutdown_grace
         self.runner.join(deadline, force=lambda: self._force)
+        # The outcomes handed over are committed before anything is handed
+        # back: what waits for a locked row gets what is left of the grace
+        # period (at least a second), its lease extended meanwhile.
+        acks.close(timeout=max(1.0, deadline - time.monotonic()))
         leftover = self.book.drain()
         if leftover:
             count = self._release(leftover, started=True)
             logger.warning(
-                "released %d message(s) still running after the grace period; "
-                "they will be redelivered",
+                "released %d message(s) still running (or not recorded) after the grace "
+                "period; they will be redelivered",
                 count,
             )
-        if acks is not None:
-            acks.close()
         self.keeper.stop()
         self.maintenance.stop()
         try:

@@ -1,24 +1,34 @@
-"""Acknowledgements committed together: one statement and one commit per batch.
+"""Outcomes committed off the executors: batched successes, and the ones that must wait.
 
 A worker whose handlers are fast spends nearly all its time committing one
 acknowledgement per message (the commit waits for the write-ahead log to
 reach the disk). Instead, executor threads hand each success of a non-atomic
-handler to an :class:`AckBuffer` and move on to the next message; the
-buffer's own thread commits everything handed to it in one compare-and-set
-transaction (``changes.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the
-first of them, or as soon as ``max_size`` are waiting, then logs and signals
-each success (after the commit, as for a single acknowledgement).
+handler to the :class:`Settler` and move on to the next message; its thread
+commits everything handed to it in one compare-and-set statement
+(``changes.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the first of
+them, or as soon as ``max_size`` are waiting, then logs and signals each
+success (after the commit, as for a single acknowledgement).
 
-What it does not change: an acknowledgement is still a compare-and-set on
-``(id, lock_token)`` (a message claimed again after its lease expired is
-reported as a lost lease, not acknowledged); atomic handlers still commit
-their writes and their acknowledgement together; a shutdown commits what is
-waiting before the worker exits. What it widens: if the process is killed
-(SIGKILL, power loss) after a handler returned and before the batch commits,
-that message is redelivered when its lease expires and its handler runs
-again, as it would if the process died just before a single acknowledgement.
-The window is ``ACK_DELAY`` plus one commit; ``ACK_DELAY = None`` turns
-batching off.
+It also takes every outcome an executor could not write itself
+(:class:`Unwritten`): the message's row was locked by another transaction
+(a producer's upsert of its key, an operator's bulk change, the Spark
+loader), or the connection was lost. It tries each again, without ever
+waiting for a lock, until it lands or the row turns out to be someone
+else's; one locked row never holds up the others.
+
+Until its outcome commits, a message stays in the worker's book (settling):
+its lease keeps being extended, so no other worker takes it meanwhile. Only
+then is it forgotten (``settled``). A connection lost with a commit's reply
+is told from a lost lease by reading the row (``changes.states``).
+
+What batching does not change: an acknowledgement is still a compare-and-set
+on ``(id, lock_token)``; atomic handlers still commit their writes and their
+acknowledgement together; a shutdown commits what is waiting before the
+worker exits. What it widens: if the process is killed (SIGKILL, power loss)
+after a handler returned and before the batch commits, that message is
+redelivered when its lease expires and its handler runs again, as it would
+if the process died just before a single acknowledgement. The window is
+``ACK_DELAY`` plus one commit; ``ACK_DELAY = None`` turns batching off.
 """
 
 from __future__ import annotations
@@ -29,94 +39,172 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connections, reset_queries
+from django.db import DatabaseError, InterfaceError, connections, reset_queries
 
-from django_delayq.models import Message
+from django_delayq import guard
 from django_delayq.store import changes
-from django_delayq.worker.execute import lease_lost, record_success, settle, unrecorded
+from django_delayq.worker.background import Supervisor
+from django_delayq.worker.execute import Result, lease_lost, record_success
+from django_delayq.worker.inflight import InFlight
 
 logger = logging.getLogger("django_delayq.worker")
 
+Done = list[tuple[InFlight, str, float]]
 
-class AckBuffer:
-    """Collects successes from executor threads and commits them in batches."""
+# An outcome whose row was locked (or whose write failed) is tried again after
+# this, doubling up to RETRY_MAX while it keeps failing.
+RETRY_FIRST = 0.05
+RETRY_MAX = 2.0
+
+
+@dataclass(eq=False)
+class Unwritten:
+    """An attempt's outcome its executor could not write (a locked row, a lost
+    connection): the settler writes it later.
+
+    ``write`` is the compare-and-set statement (1 when it took); ``announce``
+    logs and signals the outcome once written. ``maybe_written``: a connection
+    was lost while it was being sent, so it may have committed already.
+    """
+
+    item: InFlight
+    result: str
+    elapsed: float
+    write: Callable[[], int]
+    announce: Callable[[], None]
+    maybe_written: bool = False
+    tries: int = 0
+    due: float = field(default_factory=time.monotonic)
+
+
+@dataclass(eq=False)
+class _Success:
+    item: InFlight
+    duration: float
+    maybe_written: bool = False
+    tries: int = 0
+    due: float = 0.0
+
+
+class Settler:
+    """Commits batched successes and the outcomes executors handed over, on its own thread."""
 
     def __init__(
         self,
         using: str,
         *,
-        on_lost: Callable[[Message], None] | None = None,
-        on_committed: Callable[[bool], None] | None = None,
-        max_delay: float,
+        settled: Callable[[Done], None],
+        max_delay: float | None,
         max_size: int = 500,
+        on_committed: Callable[[bool], None] | None = None,
     ) -> None:
         self.using = using
-        # Told of a success whose message was claimed again meanwhile, and of
-        # each batch committed (whether it finished grouped messages, whose
-        # groups' next messages are due now): until then its messages counted
-        # as running against a global cap.
-        self.on_lost, self.on_committed = on_lost, on_committed
+        # Told of attempts whose outcome is committed (or known lost): the
+        # worker forgets them. And of each batch committed (whether it
+        # finished grouped messages, whose groups' next messages are due now).
+        self._settled = settled
+        self.on_committed = on_committed
+        # None: no batching (successes are written by their executor).
         self.max_delay = max_delay
         self.max_size = max_size
-        self._items: list[tuple[Message, uuid.UUID, float]] = []
+        self._successes: list[_Success] = []
+        self._retries: list[_Success | Unwritten] = []
         self._first_at = 0.0
         self._cond = threading.Condition()
         self._closing = False
-        # A batch taken and not yet committed and announced.
+        self._deadline = float("inf")
         self._flushing = False
-        self._thread = threading.Thread(target=self._loop, name="delayq-acks", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._supervisor: Supervisor | None = None
 
-    def add(self, message: Message, token: uuid.UUID, duration: float) -> None:
+    # -- the executors' side ------------------------------------------------------
+
+    @property
+    def batching(self) -> bool:
+        return self.max_delay is not None
+
+    def add(self, item: InFlight, duration: float) -> None:
+        """A success to acknowledge in the next batch."""
         with self._cond:
-            if not self._items:
+            if not self._successes:
                 self._first_at = time.monotonic()
-            self._items.append((message, token, duration))
-            if len(self._items) == 1 or len(self._items) >= self.max_size:
+            self._successes.append(_Success(item, duration))
+            if len(self._successes) == 1 or len(self._successes) >= self.max_size:
                 self._cond.notify_all()
+
+    def defer(self, outcome: Unwritten) -> None:
+        """An outcome to write as soon as its row lets it."""
+        with self._cond:
+            self._retries.append(outcome)
+            self._cond.notify_all()
 
     def pending(self) -> int:
         with self._cond:
-            return len(self._items)
+            return len(self._successes) + len(self._retries)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until everything handed over is committed and announced (``--burst``:
+        """Wait until every success handed over is committed and announced (``--burst``:
         a success may let the next message of its group go, which the last claim
-        must see)."""
+        must see). Outcomes waiting for a locked row are not waited for."""
         with self._cond:
             self._cond.notify_all()
-            return self._cond.wait_for(lambda: not self._items and not self._flushing, timeout)
+            return self._cond.wait_for(lambda: not self._successes and not self._flushing, timeout)
+
+    # -- the thread ------------------------------------------------------------------
+
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Run on a thread of its own; should it die, ``supervisor`` starts another
+        (what was handed over is this object's, not the thread's)."""
+        self._supervisor = supervisor
+        self._thread = threading.Thread(target=self._supervised, name="delayq-acks", daemon=True)
+        self._thread.start()
+
+    def _supervised(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:
+            if self._supervisor is None:
+                raise
+            self._supervisor.died("acknowledgement", exc, self.start_again)
+
+    def start_again(self) -> None:
+        with self._cond:
+            self._flushing = False
+        self.start(self._supervisor)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
 
     def close(self, timeout: float = 30.0) -> None:
-        """Commit what is waiting and stop the thread."""
+        """Commit what is waiting (trying locked rows again until ``timeout``), then stop."""
         with self._cond:
             self._closing = True
+            self._deadline = time.monotonic() + timeout
             self._cond.notify_all()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout + 5)
 
-    def _take(self) -> list[tuple[Message, uuid.UUID, float]] | None:
-        with self._cond:
-            while not self._items and not self._closing:
-                self._cond.wait()
-            if not self._items:
-                return None
-            while len(self._items) < self.max_size and not self._closing:
-                remaining = self._first_at + self.max_delay - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            batch, self._items = self._items, []
-            self._flushing = True
-            return batch
-
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """The thread's loop: until closed and nothing is left (or its time is up)."""
         try:
-            while (batch := self._take()) is not None:
+            while (taken := self._take()) is not None:
                 try:
-                    self._flush(batch)
+                    self._flush(*taken)
+                except BaseException:
+                    # An error of ours: nothing handed over may be lost, or
+                    # its message would stay held, its lease extended for
+                    # ever. Everything of the batch is tried again.
+                    with self._cond:
+                        for outcome in [*taken[0], *taken[1]]:
+                            outcome.maybe_written = True
+                            outcome.due = time.monotonic() + RETRY_MAX
+                            self._retries.append(outcome)
+                    raise
                 finally:
                     with self._cond:
                         self._flushing = False
@@ -124,52 +212,150 @@ class AckBuffer:
         finally:
             connections.close_all()
 
-    def _flush(self, batch: list[tuple[Message, uuid.UUID, float]]) -> None:
+    def _take(self) -> tuple[list[_Success], list[_Success | Unwritten]] | None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._closing and (
+                    (not self._successes and not self._retries) or now >= self._deadline
+                ):
+                    return None
+                due = [r for r in self._retries if r.due <= now]
+                batch_ready = self._successes and (
+                    self._closing
+                    or len(self._successes) >= self.max_size
+                    or now >= self._first_at + (self.max_delay or 0.0)
+                )
+                if batch_ready or due:
+                    batch = self._successes if batch_ready else []
+                    if batch_ready:
+                        self._successes = []
+                    self._retries = [r for r in self._retries if r.due > now]
+                    self._flushing = True
+                    return batch, due
+                waits = [r.due - now for r in self._retries]
+                if self._successes:
+                    waits.append(self._first_at + (self.max_delay or 0.0) - now)
+                if self._closing:
+                    waits.append(self._deadline - now)
+                self._cond.wait(max(0.0, min(waits)) if waits else None)
+
+    def _flush(self, successes: list[_Success], retries: list[_Success | Unwritten]) -> None:
         if settings.DEBUG:
             reset_queries()  # DEBUG's query log of this thread's connection
-        held = by_token(batch)
-        try:
-            mine = _settle_pairs(self.using, lambda: changes.ack_held(held, using=self.using))
-        except DatabaseError:
-            # As when a single acknowledgement cannot be recorded.
-            unrecorded(
-                self.using,
-                "could not record the success of %d message(s); they will be redelivered "
-                "when their lease expires",
-                len(batch),
-            )
-            return
-        for message, token, duration in batch:
-            if (message.pk, token) in mine:
-                record_success(message, duration, using=self.using)
-            else:
-                lease_lost(message)
-                if self.on_lost is not None:
-                    self.on_lost(message)
-        if self.on_committed is not None:
+        done: Done = []
+        again: list[_Success | Unwritten] = []
+        grouped = False
+        acks = successes + [r for r in retries if isinstance(r, _Success)]
+        if acks:
+            grouped = self._acknowledge(acks, done, again)
+        for outcome in retries:
+            if isinstance(outcome, Unwritten):
+                self._write(outcome, done, again)
+        if again:
+            with self._cond:
+                for outcome in again:
+                    outcome.tries += 1
+                    outcome.due = time.monotonic() + min(
+                        RETRY_MAX, RETRY_FIRST * 2 ** (outcome.tries - 1)
+                    )
+                self._retries.extend(again)
+        if done:
+            guard.call("recording settled outcomes", self._settled, done, log=logger)
+        if acks and self.on_committed is not None and len(again) < len(acks):
             # After the successes are recorded: each let its group's next go.
-            self.on_committed(any(m.group for m, _, _ in batch))
+            guard.call("the acknowledgement callback", self.on_committed, grouped, log=logger)
+
+    def _acknowledge(
+        self, acks: list[_Success], done: Done, again: list[_Success | Unwritten]
+    ) -> bool:
+        held = by_token((a.item.row, a.item.token) for a in acks)
+        try:
+            mine = changes.ack_held(held, using=self.using, skip_locked=True)
+        except (DatabaseError, InterfaceError):
+            logger.warning(
+                "could not record the success of %d message(s); trying again",
+                len(acks),
+                exc_info=True,
+            )
+            connections[self.using].close()
+            for ack in acks:
+                ack.maybe_written = True
+            again.extend(acks)
+            return False
+        missing = [a for a in acks if (a.item.row.pk, a.item.token) not in mine]
+        found = self._states([a.item for a in missing]) if missing else {}
+        grouped = False
+        for ack in acks:
+            item = ack.item
+            message = item.row
+            if (message.pk, item.token) not in mine:
+                state = found.get(message.pk)
+                if state is not None and state.holds(item.token):
+                    again.append(ack)  # locked by another transaction: later
+                    continue
+                if not (ack.maybe_written and _ended(state, item)):
+                    lease_lost(message)
+                    done.append((item, Result.LEASE_LOST, ack.duration))
+                    continue
+            guard.call(
+                f"announcing the success of message {message.pk}",
+                record_success,
+                message,
+                ack.duration,
+                using=self.using,
+                log=logger,
+            )
+            grouped = grouped or bool(getattr(message, "group", ""))
+            done.append((item, Result.SUCCEEDED, ack.duration))
+        return grouped
+
+    def _write(self, outcome: Unwritten, done: Done, again: list[_Success | Unwritten]) -> None:
+        item = outcome.item
+        try:
+            wrote = outcome.write()
+            state = None if wrote else self._states([item]).get(item.row.pk)
+        except (DatabaseError, InterfaceError):
+            logger.warning(
+                "could not record the outcome of message %s; trying again",
+                item.row.pk,
+                exc_info=True,
+            )
+            connections[self.using].close()
+            outcome.maybe_written = True
+            again.append(outcome)
+            return
+        if not wrote:
+            if state is not None and state.holds(item.token):
+                again.append(outcome)
+                return
+            if not (outcome.maybe_written and _ended(state, item)):
+                lease_lost(item.row)
+                done.append((item, Result.LEASE_LOST, outcome.elapsed))
+                return
+        guard.call(f"announcing the outcome of message {item.row.pk}", outcome.announce, log=logger)
+        done.append((item, outcome.result, outcome.elapsed))
+
+    def _states(self, items: list[InFlight]) -> dict[Any, changes.RowState]:
+        by_model: dict[type, list[Any]] = defaultdict(list)
+        for item in items:
+            by_model[item.lane.model].append(item.row.pk)
+        found: dict[Any, changes.RowState] = {}
+        for model, ids in by_model.items():
+            found.update(changes.states(ids, using=self.using, model=model))
+        return found
 
 
-def by_token(
-    items: Iterable[tuple[Message, uuid.UUID] | tuple[Message, uuid.UUID, float]],
-) -> dict[uuid.UUID, list[Any]]:
-    """The ids of ``(message, token, ...)`` items by lock token (``changes.ack_held``'s)."""
+def _ended(state: changes.RowState | None, item: InFlight) -> bool:
+    return state is not None and state.ended(item.token, item.row.last_attempt_time)
+
+
+def by_token(items: Iterable[tuple[Any, uuid.UUID]]) -> dict[uuid.UUID, list[Any]]:
+    """The ids of ``(row, token)`` pairs by lock token (``changes.ack_held``'s)."""
     held: defaultdict[uuid.UUID, list[Any]] = defaultdict(list)
-    for item in items:
-        held[item[1]].append(item[0].pk)
+    for row, token in items:
+        held[token].append(row.pk)
     return held
 
 
-def _settle_pairs(
-    using: str, write: Callable[[], set[tuple[int, uuid.UUID]]]
-) -> set[tuple[int, uuid.UUID]]:
-    found: set[tuple[int, uuid.UUID]] = set()
-
-    def run() -> int:
-        found.clear()
-        found.update(write())
-        return len(found)
-
-    settle(using, run)
-    return found
+__all__ = ["Done", "Settler", "Unwritten", "by_token"]

@@ -9,21 +9,21 @@ for ``atomic=True`` handlers, the handler's writes are rolled back.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
-import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.dispatch import Signal
 
-from django_delayq import signals
+from django_delayq import guard, signals
 from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
 from django_delayq.exceptions import (
     DelayQError,
@@ -40,9 +40,11 @@ from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
 from django_delayq.store import changes
 
-logger = logging.getLogger("django_delayq.worker")
+if TYPE_CHECKING:
+    from django_delayq.worker.acks import Settler, Unwritten
+    from django_delayq.worker.inflight import InFlight
 
-_MAIN_THREAD = threading.main_thread()
+logger = logging.getLogger("django_delayq.worker")
 
 
 class Result(enum.StrEnum):
@@ -82,17 +84,24 @@ def describe(exc: BaseException) -> str:
 
 # A settling statement that lost its connection is sent again this many times
 # (after a reconnect, with a capped backoff) before the message is left to
-# its lease. Sending it twice is harmless: it is a compare-and-set on the
-# lock token, so a repeat after a commit whose reply was lost matches nothing.
+# the settler thread (or, with none, to its lease). Sending it twice is
+# harmless: it is a compare-and-set on the lock token, so a repeat after a
+# commit whose reply was lost matches nothing (and the row tells that it ended).
 SETTLE_RETRIES = 4
 SETTLE_BACKOFF_CAP = 2.0
 
 
 def settle(using: str, write: Callable[[], int]) -> int:
     """Run one settling statement, reconnecting if the connection was lost."""
+    return _settle(using, write)[0]
+
+
+def _settle(using: str, write: Callable[[], int]) -> tuple[int, bool]:
+    """``write()``'s row count, and whether it was sent again after a lost connection
+    (so an earlier send may have committed, its reply lost)."""
     for attempt in range(SETTLE_RETRIES + 1):
         try:
-            return write()
+            return write(), attempt > 0
         except (OperationalError, InterfaceError):
             connection = connections[using]
             if attempt == SETTLE_RETRIES or connection.in_atomic_block:
@@ -121,17 +130,61 @@ def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException) 
         if delay is None:
             return None
         delta = to_timedelta(delay, "retry delay")
-    except Exception:
+    except BaseException as error:
+        # Not only Exceptions: a policy is the project's code (see guard.py).
+        if guard.interrupts(error):
+            raise
         logger.exception("retry policy %r failed; retrying message %s in 60 s", policy, message.pk)
         delta = timedelta(seconds=60)
     # Longer than any due time a database could store: cut to the longest.
     return min(delta, MAX_DELAY)
 
 
-class AckSink(Protocol):
-    """Where a worker collects the acknowledgements it commits together (``worker/acks.py``)."""
+class Held(Protocol):
+    """What the worker tells :func:`execute` of an attempt it holds (``runner.py``)."""
 
-    def add(self, message: Message, token: uuid.UUID, duration: float) -> None: ...
+    #: The attempt in the worker's book.
+    item: InFlight
+    #: Where outcomes go that this thread cannot write now, and (when it batches)
+    #: successes; None: every outcome is written here, waiting for locks if need be.
+    settler: Settler | None
+
+    def returned(self) -> bool:
+        """The handler returned or raised: False if its attempt was taken meanwhile
+        (its time limit passed), so no outcome of it may be written."""
+        ...
+
+
+class _Unwritten(enum.Enum):
+    """An outcome :func:`execute` did not write: handed to the settler (or, for a
+    time limit, to the keeper's next round)."""
+
+    DEFERRED = "deferred"
+    BLOCKED = "blocked"
+
+
+DEFERRED = _Unwritten.DEFERRED
+
+
+class SwallowedDatabaseError(DelayQError):
+    """An atomic handler returned after a database error in its transaction.
+
+    The transaction cannot commit (Django marked it for rollback, or
+    PostgreSQL aborted it), so none of the handler's writes would: the
+    attempt fails like an error the handler raised, and is retried.
+    """
+
+
+def _swallowed(using: str) -> bool:
+    """Whether the open transaction on ``using`` met a database error it cannot go past."""
+    connection = connections[using]
+    if connection.needs_rollback:
+        return True
+    if connection.vendor == "postgresql" and connection.connection is not None:
+        from psycopg.pq import TransactionStatus
+
+        return bool(connection.connection.info.transaction_status == TransactionStatus.INERROR)
+    return False
 
 
 def execute(
@@ -139,21 +192,23 @@ def execute(
     token: uuid.UUID,
     *,
     using: str,
-    acks: AckSink | None = None,
+    held: Held | None = None,
     later: list[Callable[[], None]] | None = None,
     group_acks: list[tuple[Message, uuid.UUID]] | None = None,
-) -> Result:
+) -> Result | _Unwritten:
     """Run ``message``'s handler and record the outcome under ``token``.
 
-    With ``acks``, the success of a non-atomic handler is handed to it instead
-    of being committed here; it commits a batch at once and then calls
-    :func:`record_success`. Failures, retries and atomic handlers are always
-    recorded here, one statement each. With ``later``, the caller runs this
-    in a transaction of its own and commits it: the outcome's log line and
-    signal are appended to ``later``, to run after that commit. With
-    ``group_acks`` too, an atomic handler's success is appended there instead
-    of being acknowledged here: the caller acknowledges the group in one
-    statement before its commit (``runner.py``).
+    ``held``: the worker's attempt (its book entry, the settler, the hook
+    that marks the handler returned). A success of a non-atomic handler is
+    then handed to the settler when it batches, and any outcome whose row
+    another transaction has locked, or whose connection was lost, is handed
+    to it too (:data:`DEFERRED`): the settler writes and announces it. Without
+    ``held`` (the testing helpers), every outcome is written here. With
+    ``later``, the caller runs this in a transaction of its own and commits
+    it: the outcome's log line and signal are appended to ``later``, to run
+    after that commit. With ``group_acks`` too, an atomic handler's success
+    is appended there instead of being acknowledged here: the caller
+    acknowledges the group in one statement before its commit (``runner.py``).
     """
     try:
         spec: HandlerSpec | None = registry.lookup_for(message)
@@ -161,7 +216,9 @@ def execute(
         # A worker that lacks the handler (an older deployment during a
         # rolling release, a typo in kind) must not lose the message: it is
         # failed like any error, so it is retried and stays visible.
-        return _record_failure(message, token, None, exc, "", using, later)
+        if held is not None and not held.returned():
+            return late(message)
+        return _record_failure(message, token, None, exc, "", using, later, held=held)
 
     assert spec is not None
     limit = max_attempts_of(message, spec)
@@ -173,6 +230,8 @@ def execute(
             f"gave up: attempt {message.attempt_count - 1} of {limit} ended without an "
             "outcome (worker crash or lease expiry)"
         )
+        if held is not None and not held.returned():
+            return late(message)
         return _record(
             Result.FAILED,
             {"error": error, "retry_at": None},
@@ -181,6 +240,7 @@ def execute(
             token,
             using,
             later,
+            held=held,
             exception=MessageAbandoned(error),
         )
     signals.send(
@@ -190,16 +250,30 @@ def execute(
     try:
         if spec.atomic:
             with transaction.atomic(using=using):
-                spec.func(message)
+                call_handler(spec, message)
+                if held is not None and not held.returned():
+                    raise _LeaseLost
+                if _swallowed(using):
+                    # Raised inside the block: Django rolls back to its
+                    # savepoint, which PostgreSQL allows in an aborted
+                    # transaction, and the failure is recorded after it.
+                    raise SwallowedDatabaseError(
+                        "the handler returned after a database error in its transaction "
+                        "(caught and not raised again?); none of its writes can commit"
+                    )
                 if group_acks is None and not changes.ack(
                     [message.pk], token, using=using, model=type(message)
                 ):
                     raise _LeaseLost
         else:
-            spec.func(message)
+            call_handler(spec, message)
     except _LeaseLost:
+        if held is not None and not held.returned():
+            return late(message)
         return lease_lost(message)
     except Retry as exc:
+        if held is not None and not held.returned():
+            return late(message)
         return _record(
             Result.SNOOZED,
             {"run_at": exc.delay, "max_attempts": max_attempts_of(message, spec) + 1},
@@ -208,11 +282,14 @@ def execute(
             token,
             using,
             later,
+            held=held,
             started=started,
             exception=exc,
             delay=exc.delay,
         )
     except Discard as exc:
+        if held is not None and not held.returned():
+            return late(message)
         error = _clean(f"Discarded: {exc.reason}" if exc.reason else "Discarded")
         return _record(
             Result.DISCARDED,
@@ -222,6 +299,7 @@ def execute(
             token,
             using,
             later,
+            held=held,
             started=started,
             reason=exc.reason,
         )
@@ -230,24 +308,114 @@ def execute(
         # asyncio.CancelledError, KeyboardInterrupt or SystemExit. Any of them
         # ends the attempt like an error; letting one escape would kill the
         # executor thread with the message still held and its slot lost.
-        result = _record_failure(message, token, spec, exc, traceback.format_exc(), using, later)
-        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is _MAIN_THREAD:
+        if held is not None and not held.returned():
+            return late(message)
+        tb = traceback.format_exc()
+        result = _record_failure(message, token, spec, exc, tb, using, later, held=held)
+        if guard.interrupts(exc):
             # Only the main thread receives a real Ctrl-C (a worker's handlers
             # run in executor threads): recorded, and it still interrupts.
             raise
         return result
 
-    if not spec.atomic and acks is not None:
-        acks.add(message, token, time.monotonic() - started)
+    duration = time.monotonic() - started
+    if spec.atomic:
+        if group_acks is not None:
+            group_acks.append((message, token))
+        _announce(later, partial(record_success, message, duration, using=using))
         return Result.SUCCEEDED
-    if spec.atomic and group_acks is not None:
-        group_acks.append((message, token))
-    if not spec.atomic and not settle(
-        using, lambda: changes.ack([message.pk], token, using=using, model=type(message))
-    ):
-        return lease_lost(message)
-    _announce(later, partial(record_success, message, time.monotonic() - started, using=using))
-    return Result.SUCCEEDED
+    if held is not None and not held.returned():
+        return late(message)
+    if held is not None and held.settler is not None and held.settler.batching:
+        held.settler.add(held.item, duration)
+        return DEFERRED
+
+    def acknowledge(skip_locked: bool) -> int:
+        return changes.ack(
+            [message.pk], token, using=using, model=type(message), skip_locked=skip_locked
+        )
+
+    return _write(
+        Result.SUCCEEDED,
+        acknowledge,
+        partial(record_success, message, duration, using=using),
+        message,
+        token,
+        using,
+        later,
+        held,
+    )
+
+
+def call_handler(spec: HandlerSpec, message: Any) -> Any:
+    """Call the handler; an ``async def`` one runs to its end on an event loop of its
+    own in this thread (the worker runs them on its shared loop, ``runner.py``)."""
+    if spec.is_async:
+        return asyncio.run(spec.func(message))
+    return spec.func(message)
+
+
+def _write(
+    result: Result,
+    write: Callable[[bool], int],
+    announce: Callable[[], None],
+    message: Message,
+    token: uuid.UUID,
+    using: str,
+    later: list[Callable[[], None]] | None,
+    held: Held | None,
+    *,
+    elapsed: float = 0.0,
+    blocked: bool = False,
+) -> Result | _Unwritten:
+    """Write one outcome (``write(skip_locked)``, a compare-and-set) and announce it.
+
+    Rows another transaction has locked are not waited for when there is a
+    settler: the outcome goes to it. A connection lost for good goes to it
+    too. ``blocked``: with no settler either, say so (:data:`_Unwritten.BLOCKED`)
+    instead of waiting (the keeper's time limits, tried again next round).
+    """
+    settler = held.settler if held is not None else None
+    skip = settler is not None or blocked
+    try:
+        wrote, resent = _settle(using, lambda: write(skip))
+    except (OperationalError, InterfaceError):
+        if held is None or settler is None or connections[using].in_atomic_block:
+            raise
+        connections[using].close()
+        settler.defer(_unwritten(held, result, elapsed, write, announce, maybe_written=True))
+        return DEFERRED
+    if wrote:
+        _announce(later, announce)
+        return result
+    if skip or resent:
+        state = changes.states([message.pk], using=using, model=type(message)).get(message.pk)
+        if state is not None and state.holds(token):
+            if blocked and settler is None:
+                return _Unwritten.BLOCKED
+            assert held is not None and settler is not None
+            settler.defer(_unwritten(held, result, elapsed, write, announce))
+            return DEFERRED
+        if resent and state is not None and state.ended(token, message.last_attempt_time):
+            _announce(later, announce)
+            return result
+    return lease_lost(message)
+
+
+def _unwritten(
+    held: Held,
+    result: Result,
+    elapsed: float,
+    write: Callable[[bool], int],
+    announce: Callable[[], None],
+    *,
+    maybe_written: bool = False,
+) -> Unwritten:
+    from django_delayq.worker.acks import Unwritten
+
+    return Unwritten(
+        held.item, result, elapsed, lambda: write(True), announce, maybe_written=maybe_written
+    )
 
 
 def record_success(message: Message, duration: float, *, using: str) -> None:
@@ -299,13 +467,16 @@ def _group_goes_on(message: Message, using: str) -> None:
 
 def record_time_limit(
     message: Message, token: uuid.UUID, limit: timedelta, *, using: str
-) -> Result:
+) -> Result | None:
     """Fail an attempt that ran past ``limit`` while its handler is still running.
 
     Called by the worker's lease keeper, not by the handler's thread (which
     Python cannot interrupt). The failure replaces the lock token, so what the
     handler does when it finally returns (acknowledge, fail, snooze) matches
     nothing and is discarded; with ``atomic=True`` its writes roll back.
+    None when another transaction holds the row (the handler's own group, or
+    a producer's): nothing was written, and the keeper tries again at its
+    next round rather than wait (the attempt stays held meanwhile).
     """
     spec: HandlerSpec | None
     try:
@@ -313,9 +484,8 @@ def record_time_limit(
     except HandlerNotFound:
         spec = None
     exc = TimeLimitExceeded(f"the handler ran for more than {limit.total_seconds():g} s")
-    # Skip a row locked by the handler's own group transaction: it finished
-    # meanwhile, and its outcome waits for that commit.
-    return _record_failure(message, token, spec, exc, "", using, skip_locked=True)
+    result = _record_failure(message, token, spec, exc, "", using, blocked=True)
+    return None if result is _Unwritten.BLOCKED else result  # type: ignore[return-value]
 
 
 def _record_failure(
@@ -327,8 +497,9 @@ def _record_failure(
     using: str,
     later: list[Callable[[], None]] | None = None,
     *,
-    skip_locked: bool = False,
-) -> Result:
+    held: Held | None = None,
+    blocked: bool = False,
+) -> Result | _Unwritten:
     retry_in = _retry_time(message, spec, exc)
     error = describe(exc)
     values = {
@@ -336,7 +507,6 @@ def _record_failure(
         "traceback": _clean(tb),
         "retry_at": None,
         "retry_in": retry_in,
-        "skip_locked": skip_locked,
     }
     where = (message.pk, message.queue, message.key, message.attempt_count)
     if retry_in is None:
@@ -348,6 +518,8 @@ def _record_failure(
             token,
             using,
             later,
+            held=held,
+            blocked=blocked,
             # The last attempt's traceback (when the handler raised), so that
             # this one line says everything about the failure.
             exc_info=(type(exc), exc, exc.__traceback__) if tb else None,
@@ -361,6 +533,8 @@ def _record_failure(
         token,
         using,
         later,
+        held=held,
+        blocked=blocked,
         exception=exc,
         delay=retry_in,
     )
@@ -388,22 +562,34 @@ def _record(
     using: str,
     later: list[Callable[[], None]] | None,
     *,
+    held: Held | None = None,
+    blocked: bool = False,
     started: float | None = None,
     exc_info: Any = None,
     **sent: Any,
-) -> Result:
+) -> Result | _Unwritten:
     """Record how an attempt ended (``values`` go to ``changes.fail`` or ``snooze``), then
     log and signal it once the statement is committed (see :func:`_announce`).
 
     ``log`` is the log line and its arguments; with ``started``, the record
     carries the attempt's duration. ``sent`` are the signal's arguments
-    beside the message, its attempt and the database.
+    beside the message, its attempt and the database. ``held`` and
+    ``blocked``: see :func:`_write`.
     """
-    write, signal, level = _OUTCOMES[result]
-    if not settle(
-        using, lambda: write(message.pk, token, using=using, model=type(message), **values)
-    ):
-        return lease_lost(message)
+    change, signal, level = _OUTCOMES[result]
+
+    def write(skip_locked: bool) -> int:
+        return int(
+            change(
+                message.pk,
+                token,
+                using=using,
+                model=type(message),
+                skip_locked=skip_locked,
+                **values,
+            )
+        )
+
     fields = {} if started is None else {"duration": time.monotonic() - started}
 
     def announce() -> None:
@@ -414,8 +600,18 @@ def _record(
         if result in _GIVEN_UP and not failure_blocks(message.queue):
             _group_goes_on(message, using)
 
-    _announce(later, announce)
-    return result
+    return _write(
+        result,
+        write,
+        announce,
+        message,
+        token,
+        using,
+        later,
+        held,
+        elapsed=fields.get("duration", 0.0),
+        blocked=blocked,
+    )
 
 
 def _announce(later: list[Callable[[], None]] | None, announce: Callable[[], None]) -> None:
@@ -439,6 +635,19 @@ def unrecorded(using: str, text: str, *args: Any, **log: Any) -> None:
     their leases and are redelivered when they expire."""
     logger.exception(text, *args, stacklevel=2, **log)
     connections[using].close()
+
+
+def late(message: Message) -> Result:
+    """Log an attempt whose handler returned after its time limit: the keeper recorded
+    its failure already, and nothing of what the handler did is."""
+    logger.warning(
+        "message %s (%s/%s): its handler returned after its time limit; its outcome is discarded",
+        message.pk,
+        message.queue,
+        message.key,
+        extra=message_fields(message, outcome=Result.LEASE_LOST),
+    )
+    return Result.LEASE_LOST
 
 
 def lease_lost(message: Message) -> Result:

@@ -41,7 +41,10 @@ logger = logging.getLogger("django_delayq.worker")
 class Phase(enum.Enum):
     QUEUED = "queued"  # claimed, waiting for a handler slot
     RUNNING = "running"  # its handler runs
-    SETTLING = "settling"  # its handler returned; the outcome waits for its group's commit
+    # Its handler returned: its outcome is being written, or waits for a commit
+    # (its group's, a batch of acknowledgements, a retry after a locked row or a
+    # lost connection). It stays held, its lease extended, until that commits.
+    SETTLING = "settling"
 
 
 @dataclass(eq=False)
@@ -88,6 +91,8 @@ class InFlight:
     # executor can be replaced.
     started_at: float | None = None
     thread: threading.Thread | None = None
+    # Whether it counts in its lane's running handlers (one slot, freed once).
+    lane_slot: bool = False
 
     @property
     def row_key(self) -> tuple[type[Model], Any]:
@@ -192,24 +197,43 @@ class Book:
         item.phase = Phase.RUNNING
         item.started_at = time.monotonic()
         item.thread = threading.current_thread()
+        item.lane_slot = True
         item.lane.running += 1
         return item
 
-    def handler_done(self, item: InFlight, elapsed: float, *, settling: bool = False) -> bool:
+    def returned(self, item: InFlight) -> bool:
+        """Its handler returned (or raised): the outcome is about to be written.
+
+        From here on no time limit applies (the outcome won the race with
+        the keeper), and a row the keeper finds changed is being settled,
+        not lost. False if the keeper took the attempt first (its time
+        limit passed): its outcome must not be written.
+        """
+        with self.cond:
+            if item not in self._held:
+                return False
+            if item.phase is Phase.RUNNING:
+                item.phase = Phase.SETTLING
+                item.started_at = None
+            return True
+
+    def handler_done(self, item: InFlight, elapsed: float) -> bool:
         """Free the handler slot; False if the attempt was taken from this thread.
 
         That happens past its time limit (the keeper failed the attempt,
         freed the slot and started a replacement thread, so this thread and
-        the late result go), or at a shutdown whose grace ran out.
-        ``settling``: the outcome waits for the group's commit.
+        the late result go), or at a shutdown whose grace ran out. The
+        attempt stays held (settling) until :meth:`settle` forgets it, once
+        its outcome is committed.
         """
         with self.cond:
-            if item not in self._held:
+            if item not in self._held or item.lane_slot is False:
                 if not self.stopping:
                     self.stats["late"] += 1
                 return False
-            item.phase = Phase.SETTLING if settling else Phase.RUNNING
+            item.phase = Phase.SETTLING
             item.started_at = None  # no time limit applies any more
+            item.lane_slot = False
             lane = item.lane
             lane.running -= 1
             previous = lane.seconds_per_message
@@ -218,12 +242,19 @@ class Book:
             )
             return True
 
-    def resume(self, item: InFlight) -> None:
-        """Run a settling attempt again (its group rolled back): its time limit applies."""
+    def resume(self, item: InFlight) -> bool:
+        """Run a settling attempt again in its own slot (its group rolled back): its time
+        limit applies again. False if it is no longer held."""
         with self.cond:
-            if item in self._held:
-                item.phase = Phase.RUNNING
-                item.started_at = time.monotonic()
+            if item not in self._held:
+                return False
+            item.phase = Phase.RUNNING
+            item.started_at = time.monotonic()
+            item.thread = threading.current_thread()
+            if not item.lane_slot:
+                item.lane_slot = True
+                item.lane.running += 1
+            return True
 
     def settle(
         self,
@@ -245,6 +276,7 @@ class Book:
             for item, result in results:
                 if item not in self._held:
                     continue  # taken meanwhile (time limit): counted there
+                self._free_slot(item)
                 self._forget(item)
                 self.stats[result] += 1
                 wake = wake or len(item.lane.queued) < wants(item.lane)
@@ -281,13 +313,20 @@ class Book:
         still = 0
         with self.cond:
             for item in items:
-                if item not in self._held:
+                if item not in self._held or item.phase is Phase.SETTLING:
+                    # Settled meanwhile, or settling: its outcome is being
+                    # written, and that compare-and-set tells a real loss.
                     continue
                 still += 1
                 if item.phase is Phase.QUEUED:
                     self._drop_queued(item)
             self.cond.notify_all()
         return still
+
+    def holds(self, item: InFlight) -> bool:
+        """Whether ``item`` is still held (not settled, dropped or taken)."""
+        with self.cond:
+            return item in self._held
 
     def late(self, now: float) -> list[InFlight]:
         """Running attempts past their time limit."""
@@ -305,11 +344,29 @@ class Book:
         with self.cond:
             if item not in self._held or item.started_at is None:
                 return False
-            item.lane.running -= 1
+            self._free_slot(item)
             self._forget(item)
             self.stats["time_limit"] += 1
             self.cond.notify_all()
             return True
+
+    def abandon(self, item: InFlight, result: str) -> bool:
+        """Forget an attempt whose outcome will not be written by this worker (its
+        executor died, or it cannot be recorded): its lease is no longer extended,
+        and the message comes back when it expires. False if no longer held."""
+        with self.cond:
+            if item not in self._held:
+                return False
+            self._free_slot(item)
+            self._forget(item)
+            self.stats[result] += 1
+            self.cond.notify_all()
+            return True
+
+    def _free_slot(self, item: InFlight) -> None:
+        if item.lane_slot:
+            item.lane_slot = False
+            item.lane.running -= 1
 
     # -- shutdown -------------------------------------------------------------
 
@@ -335,5 +392,6 @@ class Book:
         with self.cond:
             left = list(self._held)
             for item in left:
+                self._free_slot(item)
                 self._forget(item)
         return left

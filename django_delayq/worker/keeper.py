@@ -9,8 +9,12 @@ which fences off the late outcome, and a fresh executor takes the slot) and
 records the heartbeat by which other workers tell this one is alive.
 
 The keeper never waits for a lock: extensions skip rows that another
-transaction holds (a group of atomic handlers still open), so it cannot fall
-behind a slow handler.
+transaction holds (a producer's upsert of a message's key in a long
+transaction, an operator's bulk change, the Spark loader, a group of atomic
+handlers still open), so it cannot fall behind. Such a row's lease may lapse
+before its lock goes; it is still this worker's all the same, since no claim
+takes a running message from a live worker (``queries.claimable_condition``),
+and the keeper extends it at its next round.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ from django.db import DatabaseError, connections
 from django_delayq import liveness
 from django_delayq.logs import message_fields
 from django_delayq.store import changes
-from django_delayq.worker.background import Background
+from django_delayq.worker.background import Background, Supervisor
 from django_delayq.worker.execute import record_time_limit
-from django_delayq.worker.inflight import Book, InFlight, Phase
+from django_delayq.worker.inflight import Book, InFlight
 
 logger = logging.getLogger("django_delayq.worker")
 
 # The keeper's tick, however short the leases and time limits are.
 MIN_INTERVAL = 0.05
+# A heartbeat promises the next within this many heartbeat intervals.
+ALIVE_BEATS = 3
 
 
 class Keeper:
@@ -52,6 +58,7 @@ class Keeper:
         processed: Callable[[InFlight, str, float], None],
         on_database_error: Callable[[], None],
         on_heartbeat: Callable[[], None] = lambda: None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.book = book
         self.name = name
@@ -60,7 +67,12 @@ class Keeper:
         self.using = using
         self.extend_every = max(MIN_INTERVAL, min(leases).total_seconds() / 3)
         self.limits = [t.total_seconds() for t in time_limits]
-        self.heartbeat_interval = heartbeat_interval
+        # The heartbeat comes with every extension at the latest, and promises
+        # the next one within a few of them: while that promise holds, a lease
+        # of this worker's that lapsed (another transaction held its row) is
+        # not taken by any claim (``liveness.beat``).
+        self.heartbeat_interval = min(heartbeat_interval, self.extend_every)
+        self.alive_for = timedelta(seconds=ALIVE_BEATS * self.heartbeat_interval)
         self.interval = max(
             MIN_INTERVAL,
             min(self.extend_every, heartbeat_interval, *(t / 4 for t in self.limits)),
@@ -70,7 +82,13 @@ class Keeper:
         self._on_database_error = on_database_error
         self._on_heartbeat = on_heartbeat
         self._next_extend = self._next_beat = 0.0
-        self._background = Background("delayq-keeper", self._turn, lambda: self.interval)
+        self._background = Background(
+            "delayq-keeper",
+            self._turn,
+            lambda: self.interval,
+            part="lease keeper",
+            supervisor=supervisor,
+        )
 
     def start(self) -> None:
         self._next_extend = self._next_beat = time.monotonic()
@@ -79,9 +97,17 @@ class Keeper:
     def stop(self, timeout: float = 5.0) -> None:
         self._background.stop(timeout)
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._background.thread
+
     def register(self) -> None:
         liveness.register(
-            self.name, queues=self.queues, concurrency=self.concurrency, using=self.using
+            self.name,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            alive_for=self.alive_for,
+            using=self.using,
         )
 
     def _turn(self) -> None:
@@ -94,7 +120,7 @@ class Keeper:
                 self.extend_leases()
             if now >= self._next_beat:
                 self._next_beat = now + self.heartbeat_interval
-                if not liveness.beat(self.name, using=self.using):
+                if not liveness.beat(self.name, alive_for=self.alive_for, using=self.using):
                     self.register()
                 self._on_heartbeat()
         except DatabaseError:
@@ -113,17 +139,15 @@ class Keeper:
             if len(kept) == len(ids):
                 continue
             missed = [item for item in items if item.row.pk not in kept]
-            # A row the keeper skipped because another transaction locks it
-            # is not lost; only one that is no longer running under this
-            # token is. Settling rows are locked by their own group (a
-            # failure written in it) and are decided by its commit.
-            suspects = [item for item in missed if item.phase is not Phase.SETTLING]
-            if not suspects:
-                continue
+            # A row skipped because another transaction locks it is still
+            # ours (it is extended next round). Only a row no longer running
+            # under this token is lost, and only if its attempt is not
+            # settling: an outcome committed meanwhile (by its executor, a
+            # batch of acknowledgements, a group) ends it too.
             ours = changes.held_ids(
-                [item.row.pk for item in suspects], token, using=self.using, model=model
+                [item.row.pk for item in missed], token, using=self.using, model=model
             )
-            lost = [item for item in suspects if item.row.pk not in ours]
+            lost = [item for item in missed if item.row.pk not in ours]
             if lost and self.book.lost(lost):
                 logger.warning(
                     "%d held message(s) were no longer ours when extending their lease "
@@ -143,6 +167,8 @@ class Keeper:
             assert item.time_limit is not None
             started = item.started_at
             result = record_time_limit(item.row, item.token, item.time_limit, using=self.using)
+            if result is None:
+                continue  # its row is locked by another transaction: next round
             if not self.book.take_late(item):
                 continue  # it finished meanwhile; its own outcome won the race
             self._replace_executor(item.thread)

@@ -26,17 +26,18 @@ failed) and tried again at its next turn.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import DatabaseError, connections
 
-from django_delayq import liveness, retention
+from django_delayq import guard, liveness, retention
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.cron import install
 from django_delayq.store import changes
-from django_delayq.worker.background import Background
+from django_delayq.worker.background import Background, Supervisor
 from django_delayq.worker.inflight import Book
 
 logger = logging.getLogger("django_delayq.worker")
@@ -65,6 +66,7 @@ class Maintenance:
         using: str,
         burst: bool,
         on_due: Callable[[], None] = lambda: None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.book = book
         self.name = name
@@ -73,7 +75,13 @@ class Maintenance:
         # Messages this thread let go are due now: the claimer is told (on
         # PostgreSQL a NOTIFY tells the other workers).
         self._on_due = on_due
-        self._background = Background("delayq-maintenance", self.run_due, self._until_next)
+        self._background = Background(
+            "delayq-maintenance",
+            self.run_due,
+            self._until_next,
+            part="maintenance",
+            supervisor=supervisor,
+        )
         config = get_config()
         self.tasks: list[_Task] = []
         if config["PRUNE_INTERVAL"] is not None and not burst:
@@ -125,6 +133,10 @@ class Maintenance:
     def stop(self, timeout: float = 5.0) -> None:
         self._background.stop(timeout)
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._background.thread
+
     def _until_next(self) -> float:
         return max(0.0, min(task.due for task in self.tasks) - time.monotonic())
 
@@ -137,7 +149,11 @@ class Maintenance:
             task.due = now + task.interval
             try:
                 sooner = task.run()
-            except Exception as exc:
+            except BaseException as exc:
+                # Not only Exceptions: cron installs and the sweeps call the
+                # project's code (a schedule's callable, receivers).
+                if guard.interrupts(exc):
+                    raise
                 logger.warning(
                     "maintenance error (%s); trying again in %.0f s",
                     task.name,

@@ -6,9 +6,13 @@ the handler and records the outcome. Atomic handlers on PostgreSQL run in
 groups (``ACK_DELAY``): one transaction, one write-ahead-log flush, for up
 to a few milliseconds' worth of messages (see :meth:`Runner._run_group`).
 
-Whatever a handler or a receiver raises, an executor survives it: the
-attempt ends as "unrecorded" at worst (its lease runs out and it is
-redelivered), and the slot is never lost.
+Whatever a handler or a receiver raises, an executor survives it: every call
+into the project's code is guarded (``guard.py``), and an attempt whose
+outcome cannot be written here is handed to the settler (``acks.py``),
+which writes it, or lets the message go again, once the database lets it.
+Should an executor die all the same (a bug of ours), the worker's
+supervisor logs it and starts another in its place (``worker/__init__.py``);
+the attempt it held is handed back.
 """
 
 from __future__ import annotations
@@ -18,19 +22,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, reset_queries, transaction
 from django.db.models import Model
 
+from django_delayq import guard
 from django_delayq.exceptions import DelayQError, HandlerNotFound
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.store import changes
-from django_delayq.worker.acks import AckBuffer, by_token
-from django_delayq.worker.execute import Result, execute, lease_lost, unrecorded
+from django_delayq.worker.acks import Done, Settler, Unwritten, by_token
+from django_delayq.worker.execute import DEFERRED, Result, execute, lease_lost
 from django_delayq.worker.inflight import Book, InFlight
 
 logger = logging.getLogger("django_delayq.worker")
@@ -43,8 +49,6 @@ GROUP_MAX = 100
 # handler runs, so a handler is not blamed (and retried) for a connection
 # that died while idle (server restart, terminated backend, idle timeout).
 IDLE_RECHECK = 5.0
-
-Done = list[tuple[InFlight, str, float]]
 
 
 def is_atomic(row: Any) -> bool:
@@ -62,25 +66,40 @@ class _GroupLost(DelayQError):
         self.lost = lost
 
 
+@dataclass
+class _Held:
+    """What :func:`execute` is told of the attempt it runs (``execute.Held``)."""
+
+    item: InFlight
+    settler: Settler | None
+    book: Book
+
+    def returned(self) -> bool:
+        return self.book.returned(self.item)
+
+
 class Runner:
     def __init__(
         self,
         book: Book,
         *,
         using: str,
-        acks: AckBuffer | None,
+        settler: Settler,
         group_window: float | None,
         settled: Callable[[Done], None],
         database_failures: Callable[[], int],
+        died: Callable[[threading.Thread, BaseException], None] = lambda thread, exc: None,
     ) -> None:
         self.book = book
         self.using = using
-        self.acks = acks
+        self.settler = settler
         # Atomic handlers' transactions are grouped for up to this long;
         # None: one transaction per message.
         self.group_window = group_window
         self._settled = settled
         self._database_failures = database_failures
+        # Told when an executor dies of an error of ours (the supervisor).
+        self._died = died
         self._local = threading.local()
         self._lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -98,12 +117,16 @@ class Runner:
         thread.start()
 
     def replace(self, thread: threading.Thread | None) -> None:
-        """A new executor takes the slot of ``thread`` (stuck past a time limit)."""
+        """A new executor takes the slot of ``thread`` (stuck past a time limit, or dead)."""
         with self._lock:
             if thread in self.threads:
                 self.threads.remove(thread)
         if not self.book.stopping:
             self._spawn(f"delayq-executor-{uuid.uuid4().hex[:6]}")
+
+    def alive(self) -> int:
+        with self._lock:
+            return sum(t.is_alive() for t in self.threads)
 
     def join(self, deadline: float, force: Callable[[], bool]) -> None:
         """Wait for the executors until ``deadline`` (monotonic) or until ``force()``."""
@@ -114,11 +137,21 @@ class Runner:
                 thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _loop(self) -> None:
+        item: InFlight | None = None
         try:
             while (item := self.book.take()) is not None:
                 grouped = self.group_window is not None and is_atomic(item.row)
                 if not (self._run_group(item) if grouped else self._run_single(item)):
+                    item = None
                     return  # replaced meanwhile (time limit)
+                item = None
+        except BaseException as exc:
+            # Every call into the project's code is guarded: this is an error
+            # of ours. The attempt in hand goes back; the supervisor replaces
+            # this thread.
+            if item is not None:
+                self._hand_back([item])
+            self._died(threading.current_thread(), exc)
         finally:
             connections.close_all()
 
@@ -131,25 +164,49 @@ class Runner:
         elapsed = time.monotonic() - started
         if not self.book.handler_done(item, elapsed):
             return False
-        self._settled([(item, result, elapsed)])
+        if result is not None:
+            self._settled([(item, result, elapsed)])
         return True
 
-    def _run_one(self, item: InFlight) -> str:
+    def _run_one(self, item: InFlight) -> str | None:
+        """Run ``item``; its result, or None when the settler took its outcome over."""
+        # Batched acknowledgements are for messages; a model's rows are
+        # acknowledged one statement each.
+        settler = self.settler if isinstance(item.row, Message) else _single(self.settler)
         try:
-            # Batched acknowledgements are for messages; a model's rows are
-            # acknowledged one statement each.
-            acks = self.acks if isinstance(item.row, Message) else None
-            return execute(item.row, item.token, using=self.using, acks=acks)
+            result = execute(
+                item.row, item.token, using=self.using, held=_Held(item, settler, self.book)
+            )
         except BaseException:
             # BaseException: nothing may kill the executor thread.
-            unrecorded(
-                self.using,
-                "could not record the outcome of message %s; it will be redelivered "
-                "when its lease expires",
-                item.row.pk,
-                extra=message_fields(item.row, outcome=Result.UNRECORDED),
+            self._unrecorded([item])
+            return None
+        return None if result is DEFERRED else str(result)
+
+    def _unrecorded(self, items: list[InFlight]) -> None:
+        """The outcomes of ``items`` could not be written (the database failed): the
+        messages are handed back, to run again, as soon as the database lets us."""
+        logger.exception(
+            "could not record the outcome of %d message(s); they will run again",
+            len(items),
+            extra=message_fields(items[0].row, outcome=Result.UNRECORDED) if items else {},
+        )
+        connections[self.using].close()
+        self._hand_back(items)
+
+    def _hand_back(self, items: list[InFlight]) -> None:
+        for item in items:
+            self.book.returned(item)
+            self.settler.defer(
+                Unwritten(
+                    item,
+                    Result.UNRECORDED,
+                    0.0,
+                    _release(item, self.using),
+                    lambda: None,
+                    maybe_written=True,
+                )
             )
-            return Result.UNRECORDED
 
     # -- groups of atomic handlers --------------------------------------------
 
@@ -165,13 +222,13 @@ class Runner:
         acknowledgement does. The group closes ``ACK_DELAY`` after its first
         message finished, at ``GROUP_MAX`` messages, when the next queued
         message is not atomic, or when it is a row the group already holds.
-        Outcomes are logged and signalled after the commit; if the commit
-        fails, none of them happened (the messages keep their leases and are
-        redelivered). If an attempt of the group was taken from it meanwhile
-        (its time limit passed) or its acknowledgement finds the row claimed
-        again (its lease was lost), the group rolls back and the others run
-        again, one transaction each, so that attempt's writes never commit.
-        False if this thread was replaced meanwhile.
+        Outcomes are logged and signalled after the commit. If an attempt of
+        the group was taken from it meanwhile (its time limit passed), its
+        acknowledgement finds the row claimed again (its lease was lost), or
+        the commit fails (a deferred constraint, a lost connection), the group
+        rolls back and the others run again, one transaction each, so no
+        attempt's writes commit but with its own outcome. False if this
+        thread was replaced meanwhile.
         """
         assert self.group_window is not None
         self._prepare_connection()
@@ -187,16 +244,21 @@ class Runner:
                 while True:
                     members[item.row_key] = item
                     started = time.monotonic()
-                    result: str = Result.UNRECORDED
+                    result: Any = Result.UNRECORDED
                     try:
                         # If its outcome cannot be written, the exception rolls
                         # back the whole group, this message with the others.
                         result = execute(
-                            item.row, item.token, using=self.using, later=later, group_acks=pending
+                            item.row,
+                            item.token,
+                            using=self.using,
+                            held=_Held(item, self.settler, self.book),
+                            later=later,
+                            group_acks=pending,
                         )
                     finally:
                         elapsed = time.monotonic() - started
-                        if self.book.handler_done(item, elapsed, settling=True):
+                        if self.book.handler_done(item, elapsed):
                             done.append((item, result, elapsed))
                         else:
                             replaced = True
@@ -212,22 +274,25 @@ class Runner:
                     item = following
                 self._ack_group(pending, members)
         except _GroupLost as lost:
-            done = self._rerun(done, lost.lost)
+            done, rerun_replaced = self._rerun(done, lost.lost)
+            replaced = replaced or rerun_replaced
             later = []
         except BaseException:
-            # BaseException: whatever escapes (a receiver's KeyboardInterrupt
-            # too) must not kill the executor thread.
-            unrecorded(
-                self.using,
-                "could not commit the outcome of %d message(s); they will be redelivered "
-                "when their leases expire",
+            # The commit failed (or whatever else escaped): nothing of the
+            # group happened. Each runs again, alone.
+            logger.warning(
+                "a group of %d atomic handler(s) could not commit; running each again alone",
                 len(done),
+                exc_info=True,
             )
-            done = [(member, Result.UNRECORDED, elapsed) for member, _, elapsed in done]
+            connections[self.using].close()
+            done, replaced = self._rerun(done, set())
             later = []
         for announce in later:
-            announce()
-        self._settled(done)
+            guard.call("announcing an outcome", announce, log=logger)
+        settled = [(i, r, e) for i, r, e in done if r is not DEFERRED and r is not None]
+        if settled:
+            self._settled(settled)
         return not replaced
 
     def _ack_group(
@@ -252,19 +317,31 @@ class Runner:
         if lost:
             raise _GroupLost(lost)
 
-    def _rerun(self, done: Done, lost: set[InFlight]) -> Done:
-        """After a group rolled back for ``lost``: run every other attempt again, alone."""
+    def _rerun(self, done: Done, lost: set[InFlight]) -> tuple[Done, bool]:
+        """After a group rolled back: run every attempt of it again, alone, but those
+        ``lost``. Returns their results, and whether this thread was replaced
+        meanwhile (a re-run went past its time limit)."""
         out: Done = []
-        for item, _, _ in done:
+        for position, (item, result, _) in enumerate(done):
+            if result is DEFERRED:
+                continue  # its outcome is the settler's already (written outside the group)
             if item in lost:
                 out.append((item, lease_lost(item.row), 0.0))
                 continue
-            self.book.resume(item)  # running again: its lease and time limit apply
+            if not self.book.resume(item):  # running again: its slot and time limit apply
+                continue
             started = time.monotonic()
             self._prepare_connection()
-            result = self._run_one(item)
-            out.append((item, result, time.monotonic() - started))
-        return out
+            again = self._run_one(item)
+            elapsed = time.monotonic() - started
+            if not self.book.handler_done(item, elapsed):
+                # Taken past its time limit: a new executor has the slot. The
+                # attempts not run again yet go back to run elsewhere.
+                self._hand_back([i for i, _, _ in done[position + 1 :] if i not in lost])
+                return out, True
+            if again is not None:
+                out.append((item, again, elapsed))
+        return out, False
 
     # -- connections ----------------------------------------------------------
 
@@ -293,6 +370,33 @@ class Runner:
             connection.close()
 
 
+def _single(settler: Settler) -> Settler:
+    """The settler, as seen by a row of a ``QueueFields`` model: it takes what must
+    wait, but does not batch (its rows are acknowledged one statement each)."""
+    return _Unbatched(settler)  # type: ignore[return-value]
+
+
+class _Unbatched:
+    def __init__(self, settler: Settler) -> None:
+        self._settler = settler
+
+    batching = False
+
+    def defer(self, outcome: Unwritten) -> None:
+        self._settler.defer(outcome)
+
+
+def _release(item: InFlight, using: str) -> Callable[[], int]:
+    """The statement that hands ``item``'s message back, due now, its attempt spent."""
+
+    def release() -> int:
+        return changes.release(
+            [item.row.pk], item.token, started=True, using=using, model=item.lane.model
+        )
+
+    return release
+
+
 def drop_broken_connections() -> None:
     for conn in connections.all(initialized_only=True):
         if conn.connection is None or not conn.errors_occurred:
@@ -301,3 +405,6 @@ def drop_broken_connections() -> None:
             conn.close()
         else:
             conn.errors_occurred = False
+
+
+__all__ = ["GROUP_MAX", "Runner", "drop_broken_connections", "is_atomic"]

@@ -29,7 +29,10 @@ def test_short_chaos_run_loses_nothing(worker_env, tmp_path, capsys):
     assert not figures.violations, figures.table()
     # The faults really happened, or the figures prove nothing.
     assert figures.value("SIGKILLs") == Config.short().kills
-    assert figures.value("time limits hit") == Config.short().slow
+    # At least once each (a later attempt may hit it again: the handler runs
+    # quickly once its last error is the time limit, and a connection cut can
+    # record another error over it).
+    assert figures.value("time limits hit") >= Config.short().slow
     assert figures.value("enqueue calls (ledger rows)") == Config.short().messages
     assert (
         int(str(figures.value("connection cuts (backends terminated)"))) > Config.short().consumers

@@ -9,7 +9,8 @@ import pytest
 from django_delayq import enqueue_many, signals
 from django_delayq.models import Message
 from django_delayq.store import changes
-from django_delayq.worker.acks import AckBuffer
+from django_delayq.worker.acks import Settler
+from django_delayq.worker.inflight import InFlight, Lane, Phase
 
 
 def claim_three():
@@ -38,12 +39,21 @@ def test_ack_held_acknowledges_only_messages_still_held():
     assert [statuses[m.pk] for m in held.messages[1:]] == ["succeeded", "succeeded"]
 
 
+def held(batch) -> list[InFlight]:
+    """The claimed messages as a worker's book holds them (settling: their handlers returned)."""
+    lane = Lane(["default"], 10)
+    items = [InFlight(m, batch.token, lane, timedelta(minutes=1)) for m in batch.messages]
+    for item in items:
+        item.phase = Phase.SETTLING
+    return items
+
+
 @pytest.mark.django_db(transaction=True)
-def test_buffer_commits_on_close_and_signals_only_what_it_acknowledged():
-    held = claim_three()
-    stolen = held.messages[2]
+def test_settler_commits_on_close_and_signals_only_what_it_acknowledged():
+    batch = claim_three()
+    stolen = batch.messages[2]
     reclaim(stolen)
-    succeeded, lost = [], []
+    succeeded, settled = [], []
 
     def on_success(sender, message, **kwargs):
         # Sent after the commit: the row is already succeeded.
@@ -52,30 +62,37 @@ def test_buffer_commits_on_close_and_signals_only_what_it_acknowledged():
     signals.message_succeeded.connect(on_success, weak=False)
     try:
         # A delay far longer than the test: only close() can commit them.
-        buffer = AckBuffer("default", max_delay=3600, on_lost=lost.append)
-        for message in held.messages:
-            buffer.add(message, held.token, 0.001)
-        assert buffer.pending() == 3
-        buffer.close()
+        settler = Settler("default", max_delay=3600, settled=settled.extend)
+        settler.start()
+        for item in held(batch):
+            settler.add(item, 0.001)
+        assert settler.pending() == 3
+        settler.close()
     finally:
         signals.message_succeeded.disconnect(on_success)
 
-    assert sorted(succeeded) == sorted((m.pk, "succeeded") for m in held.messages[:2])
-    assert [m.pk for m in lost] == [stolen.pk]
+    assert sorted(succeeded) == sorted((m.pk, "succeeded") for m in batch.messages[:2])
+    outcomes = {item.row.pk: result for item, result, _ in settled}
+    assert outcomes == {
+        batch.messages[0].pk: "succeeded",
+        batch.messages[1].pk: "succeeded",
+        stolen.pk: "lease_lost",
+    }
     assert Message.objects.get(pk=stolen.pk).status == "running"
 
 
 @pytest.mark.django_db(transaction=True)
-def test_buffer_commits_a_full_batch_without_waiting_for_the_delay():
-    held = claim_three()
-    buffer = AckBuffer("default", max_delay=3600, max_size=3)
+def test_settler_commits_a_full_batch_without_waiting_for_the_delay():
+    batch = claim_three()
+    settler = Settler("default", max_delay=3600, max_size=3, settled=lambda done: None)
+    settler.start()
     try:
-        for message in held.messages:
-            buffer.add(message, held.token, 0.001)
+        for item in held(batch):
+            settler.add(item, 0.001)
         done = Message.objects.filter(status="succeeded")
         deadline = time.monotonic() + 30
         while done.count() < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert done.count() == 3
     finally:
-        buffer.close()
+        settler.close()

@@ -93,11 +93,12 @@ def test_group_outcomes_are_announced_after_the_commit(run_worker, settings):
     assert sorted(seen) == [("ok", "succeeded")] * 3 + [("retry", "pending")]
 
 
-def test_a_group_whose_commit_fails_records_and_announces_nothing(run_worker, settings):
+def test_a_group_whose_commit_fails_runs_each_again_alone(run_worker, settings):
     # Two messages write the same value under a deferred unique constraint:
     # both handlers succeed, the group's commit fails, and nothing of the
-    # group happened: no writes, no outcomes, no signals; the messages keep
-    # their leases and are redelivered when those expire.
+    # group happened: no writes, no outcomes, no signals. Each then runs
+    # again in a transaction of its own, so the one whose commit fails is
+    # recorded as failed on its own and the other succeeds.
     settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 1.0}
     with connection.cursor() as cursor:
         cursor.execute(
@@ -111,16 +112,24 @@ def test_a_group_whose_commit_fails_records_and_announces_nothing(run_worker, se
 
     signals.message_succeeded.connect(record, weak=False)
     try:
-        enqueue_many("atomic-txid", [{"deferred": 1}, {"deferred": 1}])
+        first, second = (
+            r.message for r in enqueue_many("atomic-txid", [{"deferred": 1}, {"deferred": 1}])
+        )
         stats = run_worker(["atomic-txid"], batch_size=2)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM delayq_test_deferred")
+            written = cursor.fetchone()[0]
     finally:
         signals.message_succeeded.disconnect(record)
         with connection.cursor() as cursor:
             cursor.execute("DROP TABLE delayq_test_deferred")
-    assert stats["unrecorded"] == 2 and not stats[Result.SUCCEEDED]
-    assert announced == []
-    assert not Effect.objects.exists()
-    assert list(Message.objects.values_list("status", "attempt_count")) == [("running", 1)] * 2
+    assert (stats[Result.SUCCEEDED], stats[Result.RETRYING]) == (1, 1)
+    done = Message.objects.get(pk__in=[first.pk, second.pk], status="succeeded")
+    failed = Message.objects.get(pk__in=[first.pk, second.pk], status="pending")
+    assert announced == [done.pk]
+    assert written == 1 and list(Effect.objects.values_list("message_id", flat=True)) == [done.pk]
+    assert (done.attempt_count, failed.attempt_count) == (1, 1)
+    assert "IntegrityError" in failed.last_error
 
 
 def test_a_message_lost_by_the_group_rolls_it_back_and_the_others_run_alone(run_worker, settings):

@@ -258,18 +258,43 @@ def test_lease_is_extended_while_a_long_handler_runs(run_worker, settings):
     assert (message.status, message.attempt_count) == ("succeeded", 1)
 
 
-def test_without_extension_a_long_handler_loses_its_lease(run_worker, settings, monkeypatch):
+def test_a_worker_whose_keeper_stopped_loses_its_messages(run_worker, settings, monkeypatch):
+    # No lease extension and no heartbeat (as when the keeper's thread hangs,
+    # or the process is frozen): once the lease has passed and the worker
+    # counts as dead, its message is claimed again (here by the same worker,
+    # which cannot know its keeper is stuck) and the stale first attempt
+    # records nothing.
+    from django_delayq import liveness
+    from django_delayq.worker.keeper import Keeper
+
+    settings.DELAYQ = {
+        **settings.DELAYQ,
+        "LEASE": 0.5,
+        "HEARTBEAT_INTERVAL": 0.25,
+        "WORKER_DEAD_AFTER": 0.5,
+    }
+    monkeypatch.setattr(Keeper, "extend_leases", lambda self: None)
+    monkeypatch.setattr(liveness, "beat", lambda name, **kwargs: 1)
+    message = enqueue("default", {"sleep": 1.5, "sleep_attempts": 1}).message
+    stats = run_worker(["default"], concurrency=2)
+    assert (stats[Result.LEASE_LOST], stats[Result.SUCCEEDED]) == (1, 1)
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("succeeded", 2)
+
+
+def test_a_live_workers_lapsed_lease_is_not_taken(run_worker, settings, monkeypatch):
+    # The lease lapses but the worker's heartbeat goes on (its keeper could not
+    # extend it: another transaction held the row): the message stays its own.
     from django_delayq.worker.keeper import Keeper
 
     settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.5}
     monkeypatch.setattr(Keeper, "extend_leases", lambda self: None)
-    message = enqueue("default", {"sleep": 1.5, "sleep_attempts": 1}).message
+    message = enqueue("default", {"sleep": 1.5}).message
     stats = run_worker(["default"], concurrency=2)
-    # The expired message was claimed again (here by the same worker) and the
-    # stale first attempt could not record anything.
-    assert (stats[Result.LEASE_LOST], stats[Result.SUCCEEDED]) == (1, 1)
+    assert (stats[Result.LEASE_LOST], stats[Result.SUCCEEDED]) == (0, 1)
     message.refresh_from_db()
-    assert (message.status, message.attempt_count) == ("succeeded", 2)
+    assert (message.status, message.attempt_count) == ("succeeded", 1)
+    assert Execution.objects.filter(message_id=message.pk).count() == 1
 
 
 def test_pruning_removes_only_old_finished_messages(fake_clock):

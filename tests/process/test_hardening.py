@@ -72,7 +72,7 @@ def test_handler_past_its_time_limit_is_retried_and_the_worker_stays_healthy(spa
     assert (slow.status, slow.attempt_count) == ("succeeded", 2)
     assert slow.last_error.startswith("django_delayq.exceptions.TimeLimitExceeded")
     assert "ran past its time limit" in worker.output
-    assert "lease lost before the outcome was recorded" in worker.output
+    assert "its handler returned after its time limit; its outcome is discarded" in worker.output
 
 
 def test_messages_of_a_killed_worker_are_released_before_their_lease_expires(spawn_worker):

@@ -238,6 +238,94 @@ def test_claim_takes_a_running_row_again_once_its_lease_ran_out(
     assert changes.ack([pk], new.token, model=table.model) == 1
 
 
+def live_worker(name: str, *, alive: bool = True, stopped: bool = False) -> None:
+    """A worker's heartbeat row, whose promise holds (``alive``) or has passed."""
+    from django_delayq.models import WorkerState
+
+    now = clock.now()
+    WorkerState.objects.update_or_create(
+        name=name,
+        defaults={
+            "host": "h",
+            "pid": 1,
+            "started_at": now,
+            "last_seen": now,
+            "alive_until": now + timedelta(seconds=15 if alive else -1),
+            "stopped_at": now if stopped else None,
+        },
+    )
+
+
+def test_claim_never_takes_a_running_row_from_a_live_worker(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    """Its lease passed (its keeper could not extend it: another transaction held the
+    row), but its worker's heartbeat is fresh: the row stays that worker's."""
+    table.add()
+    live_worker("w1")
+    table.claim(worker="w1")
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    live_worker("w1")  # it is still beating
+    assert table.claim(worker="w2").messages == []
+
+
+def test_claim_takes_back_a_running_row_of_a_worker_of_an_older_version_gone_silent(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    """A worker that promises nothing (``alive_until`` empty) is live while it beats."""
+    from django_delayq.conf import get_config
+    from django_delayq.models import WorkerState
+
+    pk = table.add()
+    live_worker("w1")
+    table.claim(worker="w1")
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    WorkerState.objects.filter(name="w1").update(alive_until=None, last_seen=clock.now())
+    assert table.claim(worker="w2").messages == []
+    fake_clock.advance(get_config()["WORKER_DEAD_AFTER"].total_seconds() + 1)
+    assert [m.pk for m in table.claim(worker="w2").messages] == [pk]
+
+
+@pytest.mark.parametrize("how", ["silent", "stopped", "unknown"])
+def test_claim_takes_a_running_row_back_from_a_gone_worker_once_its_lease_passed(
+    table: Table, fake_clock: FakeClock, how: str
+) -> None:
+    pk = table.add()
+    if how != "unknown":
+        live_worker("w1")
+    table.claim(worker="w1")
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    if how == "silent":
+        live_worker("w1", alive=False)  # its last heartbeat's promise passed
+    elif how == "stopped":
+        live_worker("w1", stopped=True)
+    assert [m.pk for m in table.claim(worker="w2").messages] == [pk]
+
+
+def test_claim_on_sqlite_counts_a_live_process_of_this_host_as_its_heartbeat(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    """SQLite: no heartbeat is written while another transaction holds the database's
+    write lock, so a worker whose promise lapsed but whose process lives is still
+    live for WORKER_DEAD_AFTER after its last heartbeat."""
+    import os
+    import socket
+
+    from django_delayq.conf import get_config
+
+    if connection.vendor != "sqlite":
+        pytest.skip("every SQLite worker runs on the host that has the file")
+    pk = table.add()
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    live_worker(me, alive=False)
+    table.claim(worker=me)
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    live_worker(me, alive=False)  # beat just before the lock, promise passed since
+    assert table.claim(worker="w2").messages == []
+    fake_clock.advance(get_config()["WORKER_DEAD_AFTER"].total_seconds() + 1)
+    assert [m.pk for m in table.claim(worker="w2").messages] == [pk]
+
+
 def test_claim_never_takes_a_row_twice(table: Table, fake_clock: FakeClock) -> None:
     rows = {table.add() for _ in range(5)}
     first = {m.pk for m in table.claim(2).messages}
@@ -439,6 +527,83 @@ def test_ack_held_acknowledges_only_the_attempt_whose_token_the_row_carries(
 
     assert acked == {(pk, new.token)}
     assert table.state(pk)["status"] == "succeeded"
+
+
+def test_states_tell_a_held_row_from_one_ended_by_its_attempt_and_one_claimed_again(
+    table: Table, fake_clock: FakeClock
+) -> None:
+    a, b, c = table.add(due=at(-3)), table.add(due=at(-2)), table.add(due=at(-1))
+    mine = table.claim(3)
+    attempted = {m.pk: m.last_attempt_time for m in mine.messages}
+    assert changes.ack([b], mine.token, model=table.model) == 1
+    # Claimed again by another worker: a new token, a new attempt time.
+    table.set(c, lock_token=uuid.uuid4(), last_attempt_time=fake_clock.advance(1))
+
+    found = changes.states([a, b, c, max(a, b, c) + 1000], model=table.model)
+
+    assert set(found) == {a, b, c}
+    assert found[a].holds(mine.token) and not found[a].ended(mine.token, attempted[a])
+    assert not found[b].holds(mine.token) and found[b].ended(mine.token, attempted[b])
+    # Claimed again: another attempt's, neither held nor ended by this one.
+    assert not found[c].holds(mine.token) and not found[c].ended(mine.token, attempted[c])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("op", ["ack", "ack_held", "ack_held_pairs", "fail", "snooze"])
+def test_an_outcome_that_skips_locked_rows_neither_waits_nor_writes_them(op: str) -> None:
+    """The worker's outcomes never queue behind a producer's lock on the row: they
+    change nothing and report nothing written (the caller tries again later)."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks")
+    a, b = MESSAGE.add(due=at(-2)), MESSAGE.add(due=at(-1))
+    first = MESSAGE.claim(1)
+    second = MESSAGE.claim(1)
+    write: dict[str, Callable[[], Any]] = {
+        "ack": lambda: changes.ack([a], first.token, skip_locked=True),
+        "ack_held": lambda: changes.ack_held({first.token: [a]}, skip_locked=True),
+        "ack_held_pairs": lambda: changes.ack_held(
+            {first.token: [a], second.token: [b]}, skip_locked=True
+        ),
+        "fail": lambda: changes.fail(
+            a, first.token, error="e", retry_at=None, retry_in=RETRY_IN, skip_locked=True
+        ),
+        "snooze": lambda: changes.snooze(
+            a, first.token, run_at=SNOOZE, max_attempts=5, skip_locked=True
+        ),
+    }
+    with transaction.atomic():
+        Message.objects.select_for_update().get(pk=a)
+        result = finishes_within(20, in_thread(write[op]))
+    assert result in (0, set(), {(b, second.token)})
+    assert MESSAGE.state(a)["status"] == "running"
+    assert MESSAGE.state(a)["lock_token"] == first.token
+    assert write[op]() in (1, {(a, first.token)}, {(a, first.token), (b, second.token)})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0011_creates_the_holder_function_and_reverses() -> None:
+    from django.core.management import call_command
+
+    from django_delayq.store.features import features
+
+    def exists() -> bool:
+        if connection.vendor != "postgresql":
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'delayq_holder_gone'")
+            return bool(cursor.fetchone()[0])
+
+    assert exists() == features(connection).group_function
+    try:
+        call_command("migrate", "django_delayq", "0010", verbosity=0)
+        assert not exists()
+        changes.install_holder_function(connection)
+        assert exists() == features(connection).group_function
+        changes.install_holder_function(connection, remove=True)
+        assert not exists()
+    finally:
+        call_command("migrate", "django_delayq", verbosity=0)
+    assert exists() == features(connection).group_function
 
 
 def test_release_of_an_unstarted_claim_never_takes_attempts_below_zero(

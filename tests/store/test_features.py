@@ -81,6 +81,7 @@ EXPECTED = {
         pipeline=True,
         group_commits=False,
         group_function=False,
+        no_wait=True,
         inline_constants=False,
     ),
 }

@@ -61,6 +61,9 @@ USES: dict[str, Use] = {
         lambda f: f.skip_locked_subquery, "ids", "pk", "lock_token", "status", "table"
     ),
     "held_pairs": use(lambda f: f.array_parameters, "pk", "lock_token", "status"),
+    "held_pairs_unlocked": use(lambda f: f.array_parameters, "pk", "lock_token", "status", "table"),
+    "no_wait_mariadb": use(lambda f: f.no_wait, "sql"),
+    "no_wait_mysql": use(lambda f: f.no_wait, "verb", "rest"),
     "delete_archived": use(lambda f: f.pipeline and f.array_parameters, "table"),
     "count_ids": use(lambda f: f.pipeline and f.array_parameters, "table"),
     "delete_ids": use(lambda f: f.pipeline and not f.array_parameters, "table"),
@@ -68,6 +71,12 @@ USES: dict[str, Use] = {
     # queries.py
     "create_group_clear": use(
         lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
+    ),
+    "create_holder_gone": use(
+        lambda f: f.group_function, "workers", "name", "stopped_at", "last_seen", "alive_until"
+    ),
+    "drop_holder_gone": use(
+        lambda f: f.group_function, "workers", "name", "stopped_at", "last_seen", "alive_until"
     ),
     "drop_group_clear": use(
         lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"

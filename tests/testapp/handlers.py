@@ -231,3 +231,61 @@ def limited_handler(message):
 @handler("limited", kind="webhook", rate_limit="5/s")
 def limited_webhook_handler(message):
     _run(message)
+
+
+@handler("atomic-swallow", atomic=True, max_attempts=2)
+def atomic_swallowing_handler(message):
+    """Writes an Effect, then runs a statement that fails and swallows the error.
+
+    ``payload["how"]``: ``"orm"`` (a duplicate primary key through the ORM, which
+    marks the transaction for rollback) or ``"raw"`` (a statement on a missing table
+    through a cursor, which leaves a PostgreSQL transaction aborted without Django
+    knowing).
+    A handler like this must not be acknowledged: its writes cannot commit.
+    """
+    from django.db import DatabaseError
+
+    effect = Effect.objects.create(message_id=message.pk, value="written")
+    if message.attempt_count > int(message.payload.get("swallow_attempts", 99)):
+        return
+    try:
+        if message.payload.get("how") == "raw":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM delayq_no_such_table")
+        else:
+            Effect.objects.create(pk=effect.pk, message_id=message.pk, value="again")
+    except DatabaseError:
+        pass
+
+
+# Runs of "atomic-limited" handlers by message id (in-process tests).
+RUNS: dict[int, int] = {}
+
+
+def _steal(message):
+    """Another worker claims ``message`` meanwhile (as after an expired lease): a new lock
+    token, written and committed on a connection of its own (PostgreSQL)."""
+    import psycopg
+
+    params = {
+        k: v
+        for k, v in connection.get_connection_params().items()
+        if k not in ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
+    }
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute(
+            "UPDATE django_delayq_message SET lock_token = gen_random_uuid() WHERE id = %s",
+            [message.pk],
+        )
+
+
+@handler("atomic-limited", atomic=True, time_limit=0.5)
+def atomic_limited_handler(message):
+    """Atomic, with a time limit: ``steal`` is claimed away while it runs; ``gate``
+    waits at its gate when it runs again (a group's re-run, RUNS)."""
+    RUNS[message.pk] = RUNS.get(message.pk, 0) + 1
+    Effect.objects.create(message_id=message.pk, value=str(RUNS[message.pk]))
+    if message.payload.get("steal"):
+        _steal(message)
+    if RUNS[message.pk] > 1:
+        _wait_at_gate(message)

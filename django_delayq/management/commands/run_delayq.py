@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from django_delayq.exceptions import DatabaseUnreachable
+from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
 from django_delayq.routers import queue_alias
 from django_delayq.store import server
 from django_delayq.worker import Worker
@@ -184,7 +184,7 @@ class Command(BaseCommand):
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
             raise CommandError(str(exc)) from exc
-        except DatabaseUnreachable as exc:  # stopped; the supervisor restarts it
+        except (DatabaseUnreachable, WorkerCrashed) as exc:  # stopped; the supervisor restarts it
             raise CommandError(str(exc), returncode=exc.exit_code) from exc
         finally:
             if getattr(self, "_called_from_command_line", False):

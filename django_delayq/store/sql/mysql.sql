@@ -128,3 +128,14 @@ SELECT t.id, t.status, t.attempt_count, t.updated_at, t.finished_at FROM JSON_TA
 -- MariaDB runs a single-table DELETE ... WHERE id IN (subquery) as a scan of
 -- the whole table, waiting for every row another transaction holds.
 DELETE t FROM {table} AS t JOIN JSON_TABLE(%s, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j ON t.id = j.id
+
+-- name: no_wait_mariadb
+-- One statement that fails at once (error 1205) rather than wait for a row
+-- lock another transaction holds: the worker's own writes to rows it holds
+-- never queue behind a producer's long transaction (it tries again later).
+SET STATEMENT innodb_lock_wait_timeout = 0 FOR {sql}
+
+-- name: no_wait_mysql
+-- MySQL's form of the same: the lock wait timeout as an optimizer hint
+-- (one second, the shortest it takes) right after the statement's verb.
+{verb} /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {rest}

@@ -1,0 +1,306 @@
+"""The worker's promises where its threads meet, each seam forced with an injected event.
+
+A committed message runs; a message never runs beside itself; an atomic
+handler's effect commits exactly once; nothing a user's code raises stops the
+worker. Each test here breaks one of those at one seam between the worker's
+threads (claim loop, executors, acknowledgements, lease keeper) or between
+the worker and another transaction, and fails if the promise breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import InterfaceError, connection, transaction
+from django.utils import timezone
+
+from django_delayq import enqueue, enqueue_many, signals
+from django_delayq.models import Message
+from django_delayq.store import changes
+from django_delayq.worker import Worker
+from django_delayq.worker.execute import Result
+from tests.conftest import finishes_within, wait_for
+from tests.testapp.handlers import gate
+from tests.testapp.models import Effect, Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def executors() -> int:
+    """Executor threads alive in this process (the late one that outlived its time
+    limit too, until its handler returns)."""
+    return sum(t.name.startswith("delayq-executor") for t in threading.enumerate())
+
+
+def executions(message: Message) -> int:
+    return Execution.objects.filter(message_id=message.pk).count()
+
+
+def lease_end(message: Message):
+    return Message.objects.values_list("next_attempt_time", flat=True).get(pk=message.pk)
+
+
+def hold_lock(pk: int) -> tuple[threading.Event, threading.Event, threading.Thread]:
+    """Lock row ``pk`` in a transaction on a thread of its own, as a producer's long
+    transaction would; returns (locked, unlock, thread)."""
+    locked, unlock = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Message.objects.select_for_update().get(pk=pk)
+                locked.set()
+                unlock.wait(120)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert locked.wait(30)
+    return locked, unlock, thread
+
+
+# -- a producer's transaction holds the row of a running message ---------------------
+
+
+@pytest.mark.parametrize("lock", ["select_for_update", "upsert"])
+def test_a_transaction_holding_a_running_rows_lock_cannot_make_it_run_twice(serving_worker, lock):
+    # "gated" has a lease of 1 s. While its handler runs, another transaction
+    # holds the message's row (an upsert of its key, a bulk reprioritise, the
+    # Spark loader) for well past the lease: the keeper cannot extend it
+    # meanwhile, yet no other worker may take the message when it commits.
+    arrived, release = gate("locked")
+    message = enqueue("gated", {"v": 1, "gate": "locked"}, key="locked").message
+    serving_worker(["gated"], concurrency=2)
+    try:
+        assert arrived.wait(30)
+        with transaction.atomic():
+            if lock == "upsert":
+                enqueue("gated", {"v": 2}, key="locked", on_conflict="update")
+            else:
+                Message.objects.select_for_update().get(pk=message.pk)
+            leased_until = lease_end(message)
+            wait_for(
+                lambda: timezone.now() > leased_until + timedelta(seconds=1.5),
+                message="the lease to pass while the row is locked",
+            )
+        # Another worker's claim, the moment the transaction commits.
+        thief = changes.claim(["gated"], 10, worker="thief", lease=timedelta(minutes=5))
+        assert [m.pk for m in thief.messages] == []
+        assert executions(message) == 1
+    finally:
+        release.set()
+    versions = 2 if lock == "upsert" else 1
+    wait_for(
+        lambda: (
+            Execution.objects.filter(message_id=message.pk, finished__isnull=False).count()
+            == versions
+        ),
+        message="every version to run",
+    )
+    wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", message="done")
+    runs = list(Execution.objects.filter(message_id=message.pk).order_by("started"))
+    assert [run.worker for run in runs] == ["1", "2"][:versions]
+    # The new version (of the upsert) waited for the first to end.
+    assert all(b.started >= a.finished for a, b in zip(runs, runs[1:], strict=False))
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="acknowledgements are batched on PostgreSQL"
+)
+def test_a_locked_acknowledgement_holds_up_no_other_and_none_runs_twice(serving_worker):
+    # The first message's acknowledgement meets a row lock held by another
+    # transaction for several leases; the messages after it must be
+    # acknowledged meanwhile, and none of them may run again.
+    arrived, release = gate("ack-locked")
+    first = enqueue("gated", {"v": 0, "gate": "ack-locked"}).message
+    serving_worker(["gated"], concurrency=2)
+    assert arrived.wait(30)
+    _, unlock, holder = hold_lock(first.pk)
+    try:
+        release.set()  # its handler returns; its acknowledgement meets the lock
+        others = [r.message for r in enqueue_many("gated", [{"v": i} for i in range(1, 4)])]
+        wait_for(
+            lambda: (
+                Message.objects.filter(pk__in=[m.pk for m in others], status="succeeded").count()
+                == 3
+            ),
+            timeout=15,
+            message="the other messages to be acknowledged while the first is locked",
+        )
+        wait_for(
+            lambda: timezone.now() > max(m.created_at for m in others) + timedelta(seconds=3),
+            message="several leases to pass",
+        )
+    finally:
+        unlock.set()
+        holder.join(30)
+    wait_for(lambda: Message.objects.get(pk=first.pk).status == "succeeded", message="the first")
+    assert [executions(m) for m in [first, *others]] == [1, 1, 1, 1]
+
+
+# -- user code raising what is not an Exception ---------------------------------------
+
+BASE_EXCEPTIONS = [asyncio.CancelledError, KeyboardInterrupt, SystemExit]
+
+
+@pytest.mark.parametrize("raised", BASE_EXCEPTIONS, ids=lambda e: e.__name__)
+@pytest.mark.parametrize("signal_name", ["message_started", "message_succeeded", "message_retried"])
+def test_a_receiver_raising_a_base_exception_stops_nothing(run_worker, raised, signal_name):
+    sent = getattr(signals, signal_name)
+    calls: list[int] = []
+
+    def receiver(sender, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise raised(f"raised by a {signal_name} receiver")
+
+    messages = [r.message for r in enqueue_many("default", [{"retry_in": 0}, {}, {}])]
+    sent.connect(receiver, weak=False)
+    try:
+        stats = finishes_within(60, lambda: run_worker(["default"], concurrency=1))
+    finally:
+        sent.disconnect(receiver)
+    assert calls, "the receiver was never called"
+    assert set(Message.objects.values_list("status", flat=True)) == {"succeeded"}
+    assert [executions(m) for m in messages] == [2, 1, 1]
+    assert stats[Result.SUCCEEDED] == 3
+
+
+# -- atomic handlers that swallow a database error ------------------------------------
+
+
+@pytest.mark.parametrize("ack_delay", [0.005, None], ids=["grouped", "single"])
+@pytest.mark.parametrize("how", ["orm", "raw"])
+def test_an_atomic_handler_that_swallows_a_database_error_is_not_acknowledged(
+    run_worker, settings, how, ack_delay
+):
+    if how == "raw" and connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL aborts a transaction on an error Django did not see")
+    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": ack_delay}
+    message = enqueue("atomic-swallow", {"how": how, "swallow_attempts": 1}).message
+    stats = run_worker(["atomic-swallow"])
+    message.refresh_from_db()
+    assert Effect.objects.filter(message_id=message.pk).count() == 0
+    assert (message.status, message.attempt_count) == ("pending", 1)
+    assert "database error" in message.last_error
+    assert stats[Result.RETRYING] == 1 and not stats[Result.SUCCEEDED]
+
+
+# -- the keeper and an acknowledgement that commits while it looks --------------------
+
+
+def test_a_message_acknowledged_while_the_keeper_extends_is_not_reported_lost(caplog):
+    # The keeper extends what the book holds; a message whose success commits
+    # between the keeper's look at the book and its statement is done, not lost.
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], burst=True, concurrency=1)
+    settle = worker.book.settle
+    looked: list[int] = []
+
+    def settle_after_a_look(results, *args, **kwargs):
+        results = list(results)
+        if not looked:
+            looked.append(1)
+            wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded")
+            worker.keeper.extend_leases()
+        return settle(results, *args, **kwargs)
+
+    worker.book.settle = settle_after_a_look  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="django_delayq.worker"):
+        stats = finishes_within(60, worker.run)
+    assert looked
+    assert "no longer ours" not in caplog.text
+    assert stats[Result.SUCCEEDED] == 1 and not stats["lease_lost"]
+
+
+# -- a commit whose reply was lost ----------------------------------------------------
+
+
+@pytest.mark.parametrize("ack_delay", [0.005, None], ids=["batched", "single"])
+def test_an_outcome_whose_commit_reply_was_lost_is_still_its_outcome(
+    run_worker, settings, monkeypatch, ack_delay
+):
+    # The acknowledgement commits, then the connection drops before its reply:
+    # the worker reconnects and sends it again, which matches nothing. The
+    # message is still succeeded (announced, and its group goes on), not lost.
+    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": ack_delay}
+    first = enqueue("default", {}, group="g").message
+    second = enqueue("default", {}, group="g").message
+    lost: list[int] = []
+    for name in ("ack", "ack_held"):
+        real = getattr(changes, name)
+
+        def committed_then_cut(*args, _real=real, **kwargs):
+            result = _real(*args, **kwargs)
+            if not lost:
+                lost.append(1)
+                connection.close()
+                raise InterfaceError("connection lost before the commit's reply")
+            return result
+
+        monkeypatch.setattr(changes, name, committed_then_cut)
+    succeeded: list[int] = []
+
+    def on_success(sender, message, **kwargs):
+        succeeded.append(message.pk)
+
+    signals.message_succeeded.connect(on_success, weak=False)
+    try:
+        stats = finishes_within(60, lambda: run_worker(["default"], concurrency=1))
+    finally:
+        signals.message_succeeded.disconnect(on_success)
+    assert lost
+    assert sorted(succeeded) == sorted([first.pk, second.pk])
+    assert stats[Result.SUCCEEDED] == 2 and not stats["lease_lost"]
+
+
+# -- a time limit while a group's attempt runs again ----------------------------------
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="groups of atomic handlers")
+def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
+    # The group rolls back (its second message was claimed away), its first
+    # message runs again alone and outlives its time limit there: the slot it
+    # ran in is freed once, and the worker keeps one executor per slot.
+    from tests.testapp.handlers import RUNS
+
+    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 1.0}
+    arrived, release = gate("rerun")
+    RUNS.clear()
+    first, stolen = (
+        r.message for r in enqueue_many("atomic-limited", [{"gate": "rerun"}, {"steal": True}])
+    )
+    worker = Worker(["atomic-limited"], concurrency=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert arrived.wait(30)  # the first message runs again, alone
+        wait_for(
+            lambda: "TimeLimitExceeded" in Message.objects.get(pk=first.pk).last_error,
+            message="its time limit to pass",
+        )
+        [lane] = worker.book.lanes
+        wait_for(lambda: executors() == 2, message="a new executor beside the late one")
+        assert lane.running == 0
+        release.set()  # the late re-run ends; its thread goes
+        wait_for(lambda: executors() == 1, message="the late executor to end")
+        # One slot: two more messages run one after the other, never together.
+        more = [r.message for r in enqueue_many("atomic-limited", [{}, {}])]
+        wait_for(
+            lambda: (
+                Message.objects.filter(pk__in=[m.pk for m in more], status="succeeded").count() == 2
+            ),
+            message="the next messages",
+        )
+        assert lane.running == 0
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert Message.objects.get(pk=stolen.pk).status == "running"  # left to its thief
