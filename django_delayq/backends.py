@@ -49,6 +49,7 @@ from importlib.util import find_spec
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import iscoroutinefunction
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -545,7 +546,13 @@ def run_task(message: Message) -> None:
         task_started.send(type(task.get_backend()), task_result=result)
         args, kwargs = message.payload["args"], message.payload["kwargs"]
         if task.takes_context:
-            value = task.call(tasks.TaskContext(task_result=result), *args, **kwargs)
+            args = [tasks.TaskContext(task_result=result), *args]
+        if iscoroutinefunction(task.func):
+            from django_delayq.worker import aio
+
+            # On the worker's event loop, as an async def handler runs (its
+            # time limit cancels it); elsewhere on a loop of its own.
+            value = aio.run(task.acall(*args, **kwargs))
         else:
             value = task.call(*args, **kwargs)
         _record(message, return_value=normalize_json(value))

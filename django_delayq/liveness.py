@@ -55,9 +55,10 @@ def register(
 ) -> None:
     """Record (or re-record, after a restart that reused the name) this worker.
 
-    A row of this name that did not stop cleanly belonged to an earlier
-    process under the same name (``--name``, or a pid used again after a
-    reboot): what it still holds is handed back first, since from now on
+    A row of this name belonged to an earlier worker under the same name
+    (``--name``, a pid used again after a reboot, a worker run again in the
+    same process): whatever it still holds (it was killed, or could not hand
+    everything back when it stopped) is handed back first, since from now on
     this worker's heartbeat would keep it "alive" (see :func:`beat`).
     """
     alias = _db(using)
@@ -72,11 +73,11 @@ def register(
         "stopped_at": None,
     }
     rows = WorkerState.objects.using(alias)
-    if rows.filter(name=name, stopped_at__isnull=True).exists():
+    if rows.filter(name=name).exists():
         released = changes.release_workers([name], using=alias).get(name, 0)
         if released:
             logger.warning(
-                "worker %s was not stopped cleanly before; released %d message(s) it held",
+                "an earlier worker named %s left %d message(s) running; released them",
                 name,
                 released,
             )

@@ -75,11 +75,12 @@ def claimable_condition(
     ``liveness=False``: the lease alone (a ``QueueFields`` table on another
     database than the workers'). ``function``: the test is the server-side
     function ``delayq_holder_gone`` (PostgreSQL, migration 0011), whose plan
-    the server keeps. ``pids``: a worker whose process lives also counts as
-    live for ``dead_after`` since its last heartbeat (SQLite: every worker is
-    on this host, and no heartbeat can be written while another transaction
-    holds the database's write lock, so a long one would break every
-    worker's promise at once; ``delayq_process_alive``, ``server.py``).
+    the server keeps. ``pids``: a worker of this host whose process lives is
+    live, whatever its heartbeat (SQLite: every worker is on the host that has
+    the file, and no heartbeat can be written while a transaction holds the
+    database's write lock, so a long one, a producer's or an atomic
+    handler's, would break every worker's promise at once; a worker that
+    stops cleanly says so, ``delayq_process_alive``, ``server.py``).
     """
     due = due_condition(now)
     if not liveness:
@@ -93,7 +94,7 @@ def claimable_condition(
 
         promise = Q(alive_until__gt=now) | Q(alive_until__isnull=True, last_seen__gt=since)
         if pids:
-            promise |= Q(last_seen__gt=since) & Q(ProcessAlive(F("name")))
+            promise |= Q(ProcessAlive(F("name")))
         live = WorkerState._base_manager.filter(
             promise, name=OuterRef("locked_by"), stopped_at__isnull=True
         )

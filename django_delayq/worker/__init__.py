@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
 
@@ -34,7 +35,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, reset_queries
 
-from django_delayq import liveness
+from django_delayq import guard, liveness
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
 from django_delayq.flow import Scope, limits_of
@@ -45,6 +46,7 @@ from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 from django_delayq.store.features import features
 from django_delayq.worker.acks import Settler
+from django_delayq.worker.aio import EventLoop
 from django_delayq.worker.background import Supervisor
 from django_delayq.worker.claimer import Claimer
 from django_delayq.worker.execute import Result
@@ -92,26 +94,49 @@ def resolve_queues(queues: list[str] | None) -> list[str]:
 
 def make_lanes(queues: list[str], specs: list[HandlerSpec], concurrency: int) -> list[Lane]:
     """One shared lane, plus one per queue with a concurrency cap or a model of its own,
-    and one per limited kind and per limited queue (``flow.limits_of``)."""
+    one per limited kind and per limited queue (``flow.limits_of``), and one per queue
+    whose handlers are all ``async def``.
+
+    An async queue's lane runs up to its handlers' ``concurrency`` (else its
+    queue's ``CONCURRENCY``, else the worker's) coroutines at once on the
+    worker's event loop, beyond the worker's ``--concurrency``, which counts
+    threads: that is what async handlers are for. A queue that mixes plain and
+    ``async def`` handlers shares the threads' lanes; its async handlers then
+    run on the loop one per executor thread.
+    """
     caps: dict[str, int] = {}
     queue_overrides = get_config()["QUEUES"]
+    asynchronous = {
+        q
+        for q in queues
+        if (mine := [s for s in specs if s.queue == q]) and all(s.is_async for s in mine)
+    }
     for queue in queues:
         cap = queue_overrides.get(queue, {}).get("CONCURRENCY")
         for spec in specs:
             if spec.queue == queue and spec.concurrency:
                 cap = min(cap or spec.concurrency, spec.concurrency)
         if cap:
-            caps[queue] = min(int(cap), concurrency)
+            caps[queue] = int(cap) if queue in asynchronous else min(int(cap), concurrency)
     models = {s.queue: s.model for s in specs if s.model is not None}
     limited = {q: found for q in queues if q not in models and (found := limits_of(q))}
-    shared = [q for q in queues if q not in caps and q not in models and q not in limited]
+    own = caps.keys() | models.keys() | limited.keys() | asynchronous
+    shared = [q for q in queues if q not in own]
     lanes = [Lane(shared, concurrency)] if shared else []
     for queue in queues:
         if queue in limited:
-            lanes += _limited_lanes(queue, limited[queue], caps.get(queue, concurrency))
-        elif queue in caps or queue in models:
+            split = _limited_lanes(queue, limited[queue], caps.get(queue, concurrency))
+            for lane in split:
+                lane.is_async = queue in asynchronous
+            lanes += split
+        elif queue in own:
             lanes.append(
-                Lane([queue], caps.get(queue, concurrency), model=models.get(queue, Message))
+                Lane(
+                    [queue],
+                    caps.get(queue, concurrency),
+                    model=models.get(queue, Message),
+                    is_async=queue in asynchronous,
+                )
             )
     return lanes
 
@@ -294,12 +319,6 @@ class Worker:
                 if self.metrics is not None:
                     self.metrics.stop()
                 raise
-        waker = self.claimer.waker = Waker(
-            self.using,
-            self.queues,
-            listen=config["NOTIFY"] and not self.burst,
-            poll_interval=self.poll_interval,
-        )
         batching = None
         if config["ACK_DELAY"] is not None and features(connections[self.using]).group_commits:
             batching = to_timedelta(config["ACK_DELAY"]).total_seconds()
@@ -309,6 +328,9 @@ class Worker:
             max_delay=batching,
             on_committed=self._acks_committed,
         )
+        # Its thread starts with the first coroutine (an async def handler's,
+        # or an async task's through the Tasks backend).
+        self.loop = EventLoop(self.supervisor)
         self.runner = Runner(
             self.book,
             using=self.using,
@@ -317,32 +339,43 @@ class Worker:
             settled=self._settled,
             database_failures=lambda: self._db_failures,
             died=self._executor_died,
+            loop=self.loop,
         )
-        logger.info(
-            "worker %s consuming %s (concurrency %s, batch %s%s)",
-            self.name,
-            ", ".join(self.queues),
-            self.concurrency,
-            "adaptive" if self.claimer.adaptive else self.claimer.batch_size,
-            ", burst" if self.burst else ", LISTEN/NOTIFY" if waker.listening else ", polling",
+        waker = self.claimer.waker = Waker(
+            self.using,
+            self.queues,
+            listen=config["NOTIFY"] and not self.burst,
+            poll_interval=self.poll_interval,
         )
-        self._log_wakeup(waker)
-        try:
-            self.keeper.register()
-            self.health.beat()
-        except DatabaseError:
-            logger.warning("could not record this worker's heartbeat yet", exc_info=True)
-            connections[self.using].close()
-        acks.start(self.supervisor)
-        self.runner.start(self.concurrency)
-        self.keeper.start()
-        self.maintenance.start()
         errors = 0
         # --burst: once nothing is held, one more claim of every lane (drained
         # or not) must find nothing before the worker exits.
         last_look = False
         gave_up = False
         try:
+            # From here on, whatever fails is shut down in order (the finally).
+            logger.info(
+                "worker %s consuming %s (concurrency %s, batch %s%s)",
+                self.name,
+                ", ".join(self.queues),
+                self.concurrency,
+                "adaptive" if self.claimer.adaptive else self.claimer.batch_size,
+                ", burst" if self.burst else ", LISTEN/NOTIFY" if waker.listening else ", polling",
+            )
+            self._log_wakeup(waker)
+            try:
+                self.keeper.register()
+                self.health.beat()
+            except DatabaseError:
+                logger.warning("could not record this worker's heartbeat yet", exc_info=True)
+                connections[self.using].close()
+            acks.start(self.supervisor)
+            # A thread per slot; an async lane's slots wait on its coroutines.
+            self.runner.start(
+                self.concurrency + sum(lane.cap for lane in self.book.lanes if lane.is_async)
+            )
+            self.keeper.start()
+            self.maintenance.start()
             while not self.book.stopping:
                 if not self.supervisor.check():
                     self.stop()
@@ -354,7 +387,7 @@ class Worker:
                 self.health.turned()
                 try:
                     if self.metrics is not None:
-                        self.metrics.loop()
+                        guard.call("the metrics", self.metrics.loop, log=logger)
                     claimed = self.claimer.claim_round()
                     self.health.reached_database()
                     if errors:
@@ -446,7 +479,9 @@ class Worker:
 
     def _processed(self, item: InFlight, result: str, elapsed: float) -> None:
         if self.metrics is not None:
-            self.metrics.processed(item.row.queue, result, elapsed)
+            guard.call(
+                "the metrics", self.metrics.processed, item.row.queue, result, elapsed, log=logger
+            )
 
     def _settled(self, done: Done) -> None:
         """Bookkeeping once outcomes are committed (or known to be lost)."""
@@ -522,16 +557,66 @@ class Worker:
         return released
 
     def _shutdown(self, acks: Settler) -> None:
+        """Hand back what has not started, let the rest finish (the grace period), commit
+        the outcomes handed over, hand back what is left, stop every thread.
+
+        Every step runs whatever the one before it raised: a shutdown that
+        failed half-way would leave threads and connections behind, and the
+        worker's heartbeat promising a life it no longer has. The first error
+        that is not the database's is raised again at the end (``run_delayq``
+        then exits non-zero).
+        """
+        errors: list[BaseException] = []
+
+        def step(what: str, function: Callable[[], object]) -> None:
+            try:
+                function()
+            except DatabaseError:
+                logger.warning("could not %s", what, exc_info=True)
+            except BaseException as exc:
+                logger.error("could not %s", what, exc_info=True)
+                errors.append(exc)
+
+        step("release the unstarted messages", self._release_unstarted)
+        deadline = time.monotonic() + self.shutdown_grace
+        step(
+            "wait for the running handlers", lambda: self.runner.join(deadline, lambda: self._force)
+        )
+        # The outcomes handed over are committed before anything is handed
+        # back: what waits for a locked row gets what is left of the grace
+        # period (at least a second), its lease extended meanwhile.
+        step(
+            "commit the outcomes handed over",
+            lambda: acks.close(timeout=max(1.0, deadline - time.monotonic())),
+        )
+        step("stop the event loop", self.loop.stop)
+        step("release the messages still held", self._release_leftovers)
+        step("stop the lease keeper", self.keeper.stop)
+        step("stop the maintenance thread", self.maintenance.stop)
+        step(
+            "record this worker's stop",
+            lambda: liveness.mark_stopped(self.name, using=self.using),
+        )
+        if self.claimer.waker is not None:
+            step("close the wake-up connection", self.claimer.waker.close)
+        step("close the database connections", connections.close_all)
+        # Attempts, not messages: a message retried twice is three attempts.
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items()))
+        logger.info(
+            "worker %s stopped; %s",
+            self.name,
+            f"attempts by outcome: {summary}" if summary else "nothing processed",
+        )
+        if errors:
+            raise errors[0]
+
+    def _release_unstarted(self) -> None:
         waiting = self.book.drain_queued()
         if waiting:
             count = self._release(waiting, started=False)
             logger.info("released %d claimed but unstarted message(s)", count)
-        deadline = time.monotonic() + self.shutdown_grace
-        self.runner.join(deadline, force=lambda: self._force)
-        # The outcomes handed over are committed before anything is handed
-        # back: what waits for a locked row gets what is left of the grace
-        # period (at least a second), its lease extended meanwhile.
-        acks.close(timeout=max(1.0, deadline - time.monotonic()))
+
+    def _release_leftovers(self) -> None:
         leftover = self.book.drain()
         if leftover:
             count = self._release(leftover, started=True)
@@ -540,19 +625,3 @@ class Worker:
                 "period; they will be redelivered",
                 count,
             )
-        self.keeper.stop()
-        self.maintenance.stop()
-        try:
-            liveness.mark_stopped(self.name, using=self.using)
-        except DatabaseError:
-            logger.warning("could not record this worker's stop", exc_info=True)
-        if self.claimer.waker is not None:
-            self.claimer.waker.close()
-        connections.close_all()
-        # Attempts, not messages: a message retried twice is three attempts.
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(self.stats.items()))
-        logger.info(
-            "worker %s stopped; %s",
-            self.name,
-            f"attempts by outcome: {summary}" if summary else "nothing processed",
-        )

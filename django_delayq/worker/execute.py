@@ -9,7 +9,6 @@ for ``atomic=True`` handlers, the handler's writes are rolled back.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import time
@@ -39,6 +38,7 @@ from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
 from django_delayq.store import changes
+from django_delayq.worker import aio
 
 if TYPE_CHECKING:
     from django_delayq.worker.acks import Settler, Unwritten
@@ -89,11 +89,6 @@ def describe(exc: BaseException) -> str:
 # commit whose reply was lost matches nothing (and the row tells that it ended).
 SETTLE_RETRIES = 4
 SETTLE_BACKOFF_CAP = 2.0
-
-
-def settle(using: str, write: Callable[[], int]) -> int:
-    """Run one settling statement, reconnecting if the connection was lost."""
-    return _settle(using, write)[0]
 
 
 def _settle(using: str, write: Callable[[], int]) -> tuple[int, bool]:
@@ -348,10 +343,10 @@ def execute(
 
 
 def call_handler(spec: HandlerSpec, message: Any) -> Any:
-    """Call the handler; an ``async def`` one runs to its end on an event loop of its
-    own in this thread (the worker runs them on its shared loop, ``runner.py``)."""
+    """Call the handler; an ``async def`` one runs to its end on the worker's event
+    loop (``aio.py``), or on a loop of its own outside a worker."""
     if spec.is_async:
-        return asyncio.run(spec.func(message))
+        return aio.run(spec.func(message))
     return spec.func(message)
 
 
@@ -376,6 +371,14 @@ def _write(
     instead of waiting (the keeper's time limits, tried again next round).
     """
     settler = held.settler if held is not None else None
+    if (
+        held is not None
+        and settler is not None
+        and getattr(held, "defer_all", False)
+        and not connections[using].in_atomic_block
+    ):
+        settler.defer(_unwritten(held, result, elapsed, write, announce))
+        return DEFERRED
     skip = settler is not None or blocked
     try:
         wrote, resent = _settle(using, lambda: write(skip))

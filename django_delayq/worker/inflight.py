@@ -69,6 +69,9 @@ class Lane:
     wake_at: datetime | None = None
     # Held back by a cap (room comes when a running message ends) rather than a rate.
     capped: bool = False
+    # Its handlers are async def: coroutines on the worker's event loop, each
+    # awaited by an executor thread of the lane's own (aio.py).
+    is_async: bool = False
     queued: deque[InFlight] = field(default_factory=deque)
     running: int = 0
     held: int = 0
@@ -93,6 +96,9 @@ class InFlight:
     thread: threading.Thread | None = None
     # Whether it counts in its lane's running handlers (one slot, freed once).
     lane_slot: bool = False
+    # Cancels its handler's coroutine (an async def handler running on the
+    # worker's event loop, aio.py): the keeper calls it past the time limit.
+    cancel: Callable[[], Any] | None = None
 
     @property
     def row_key(self) -> tuple[type[Model], Any]:

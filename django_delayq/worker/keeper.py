@@ -123,7 +123,14 @@ class Keeper:
                 if not liveness.beat(self.name, alive_for=self.alive_for, using=self.using):
                     self.register()
                 self._on_heartbeat()
-        except DatabaseError:
+        except DatabaseError as exc:
+            if _sqlite_locked(exc):
+                # Another transaction holds SQLite's write lock (an atomic
+                # handler's, a producer's): nothing is lost meanwhile, since
+                # the claims ask the operating system whether this worker
+                # lives (queries.claimable_condition). Next round.
+                logger.debug("the database is locked; extending leases next round")
+                return
             logger.warning(
                 "could not extend leases or record the heartbeat; reconnecting",
                 exc_info=True,
@@ -171,6 +178,9 @@ class Keeper:
                 continue  # its row is locked by another transaction: next round
             if not self.book.take_late(item):
                 continue  # it finished meanwhile; its own outcome won the race
+            if item.cancel is not None:
+                # An async def handler: unlike a thread, its coroutine stops.
+                item.cancel()
             self._replace_executor(item.thread)
             if started is not None:
                 self._processed(item, result, now - started)
@@ -186,3 +196,7 @@ class Keeper:
                 result,
                 extra=message_fields(message, outcome=result),
             )
+
+
+def _sqlite_locked(exc: DatabaseError) -> bool:
+    return "database is locked" in str(exc)

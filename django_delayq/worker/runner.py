@@ -35,7 +35,9 @@ from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.store import changes
+from django_delayq.worker import aio
 from django_delayq.worker.acks import Done, Settler, Unwritten, by_token
+from django_delayq.worker.aio import EventLoop
 from django_delayq.worker.execute import DEFERRED, Result, execute, lease_lost
 from django_delayq.worker.inflight import Book, InFlight
 
@@ -74,6 +76,13 @@ class _Held:
     settler: Settler | None
     book: Book
 
+    @property
+    def defer_all(self) -> bool:
+        # An async lane's executors only wait for coroutines: its outcomes are
+        # written by the settler, so a lane of a hundred coroutines does not
+        # hold a hundred database connections.
+        return self.item.lane.is_async
+
     def returned(self) -> bool:
         return self.book.returned(self.item)
 
@@ -89,6 +98,7 @@ class Runner:
         settled: Callable[[Done], None],
         database_failures: Callable[[], int],
         died: Callable[[threading.Thread, BaseException], None] = lambda thread, exc: None,
+        loop: EventLoop | None = None,
     ) -> None:
         self.book = book
         self.using = using
@@ -100,6 +110,8 @@ class Runner:
         self._database_failures = database_failures
         # Told when an executor dies of an error of ours (the supervisor).
         self._died = died
+        # Where async def handlers run (aio.py); None: none is registered.
+        self.loop = loop
         self._local = threading.local()
         self._lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -141,10 +153,11 @@ class Runner:
         try:
             while (item := self.book.take()) is not None:
                 grouped = self.group_window is not None and is_atomic(item.row)
-                if not (self._run_group(item) if grouped else self._run_single(item)):
-                    item = None
-                    return  # replaced meanwhile (time limit)
+                with aio.running_on(self.loop, item):
+                    done = self._run_group(item) if grouped else self._run_single(item)
                 item = None
+                if not done:
+                    return  # replaced meanwhile (time limit)
         except BaseException as exc:
             # Every call into the project's code is guarded: this is an error
             # of ours. The attempt in hand goes back; the supervisor replaces

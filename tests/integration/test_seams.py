@@ -304,3 +304,43 @@ def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
         thread.join(60)
     assert not thread.is_alive()
     assert Message.objects.get(pk=stolen.pk).status == "running"  # left to its thief
+
+
+# -- SQLite: one write lock for the whole database ------------------------------------
+
+
+def test_on_sqlite_a_long_atomic_handler_lets_no_other_lease_of_its_worker_be_taken(
+    serving_worker, settings
+):
+    # The atomic handler's transaction holds SQLite's write lock for longer
+    # than a lease: no heartbeat, no lease extension can be written meanwhile,
+    # by this worker or any other. When it commits, the worker's other running
+    # message must still be its own.
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's write lock is the database's")
+    settings.DELAYQ = {**settings.DELAYQ, "HEARTBEAT_INTERVAL": 0.2, "WORKER_DEAD_AFTER": 1}
+    other_arrived, other_release = gate("other")
+    long_arrived, long_release = gate("long")
+    other = enqueue("gated", {"v": 1, "gate": "other"}).message  # lease 1 s
+    serving_worker(["gated", "atomic-gated"], concurrency=2)
+    try:
+        assert other_arrived.wait(30)
+        enqueue("atomic-gated", {"gate": "long"})
+        assert long_arrived.wait(30)  # its transaction holds the write lock from here
+        leased_until = lease_end(other)
+        wait_for(
+            lambda: timezone.now() > leased_until + timedelta(seconds=1.5),
+            message="the other message's lease to pass",
+        )
+        long_release.set()
+        wait_for(
+            lambda: Message.objects.filter(queue="atomic-gated", status="succeeded").exists(),
+            message="the long atomic handler to commit",
+        )
+        thief = changes.claim(["gated"], 10, worker="thief", lease=timedelta(minutes=5))
+        assert [m.pk for m in thief.messages] == []
+    finally:
+        long_release.set()
+        other_release.set()
+    wait_for(lambda: Message.objects.get(pk=other.pk).status == "succeeded", message="done")
+    assert executions(other) == 1

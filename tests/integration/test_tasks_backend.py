@@ -249,6 +249,14 @@ def test_async_task_runs_and_aget_result_reads_it(run_worker):
         async_to_sync(backend.aget_result)("999999999")
 
 
+def test_an_async_task_runs_on_the_workers_event_loop(run_worker):
+    from tests.testapp.tasks import where_async
+
+    result = where_async.enqueue()
+    run_worker(["default"])
+    assert where_async.get_result(result.id).return_value == "delayq-async"
+
+
 def test_context_and_queue_name_reach_the_task(run_worker):
     result = send_email.enqueue("a@example.com", subject="hi")
     assert Message.objects.get(pk=int(result.id)).queue == "emails"

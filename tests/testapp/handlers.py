@@ -289,3 +289,78 @@ def atomic_limited_handler(message):
         _steal(message)
     if RUNS[message.pk] > 1:
         _wait_at_gate(message)
+
+
+# Async handlers (tests/integration/test_async.py). ASYNC is reset by each test:
+# "active"/"peak" count the coroutines running at once, "threads" the threads
+# they ran on, "cancelled" the messages whose coroutine was cancelled.
+ASYNC: dict = {}
+
+
+@handler("async", concurrency=20, max_attempts=2)
+async def async_handler(message):
+    """Writes an Effect through the async ORM. Payload: ``meet`` (wait until that
+    many run at once), ``fail`` (raise on attempts <= fail), ``retry_in``,
+    ``discard``."""
+    payload = message.payload
+    ASYNC.setdefault("threads", set()).add(threading.get_ident())
+    ASYNC["active"] = ASYNC.get("active", 0) + 1
+    ASYNC["peak"] = max(ASYNC.get("peak", 0), ASYNC["active"])
+    try:
+        if payload.get("meet"):
+            met = ASYNC.setdefault("met", asyncio.Event())
+            if ASYNC["active"] >= payload["meet"]:
+                met.set()
+            await asyncio.wait_for(met.wait(), 30)
+        await Effect.objects.acreate(message_id=message.pk, value="async")
+        if payload.get("retry_in") is not None and message.attempt_count == 1:
+            raise Retry(delay=payload["retry_in"], reason="asked to")
+        if payload.get("discard"):
+            raise Discard(payload["discard"])
+        if message.attempt_count <= int(payload.get("fail", 0)):
+            raise Boom(f"attempt {message.attempt_count} of message {message.pk} failed")
+    finally:
+        ASYNC["active"] -= 1
+
+
+@handler("async-limited", time_limit=0.5, max_attempts=1)
+async def async_limited_handler(message):
+    """Awaits far past its time limit: its coroutine is cancelled."""
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        ASYNC.setdefault("cancelled", []).append(message.pk)
+        raise
+
+
+# The fault-injection runs' workload (tests/chaos/faults.py).
+@handler("outlives", time_limit=0.3, max_attempts=5, retry=FixedDelay(delay=0.1))
+def outliving_handler(message):
+    """Outlives its time limit on its first attempt only."""
+    _run(message)
+    if message.attempt_count == 1:
+        time.sleep(0.6)
+
+
+@handler("stolen", max_attempts=5, retry=FixedDelay(delay=0.1))
+def stolen_handler(message):
+    """Claimed away by an unknown worker on its first attempt, as after a lease that
+    ran out: its outcome is no longer this attempt's to write."""
+    import uuid
+
+    from django_delayq.models import Message
+
+    if message.attempt_count == 1:
+
+        def steal():
+            try:
+                Message.objects.filter(pk=message.pk).update(
+                    lock_token=uuid.uuid4(), locked_by="a-thief"
+                )
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=steal)
+        thread.start()
+        thread.join()
+    _run(message)

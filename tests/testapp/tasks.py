@@ -48,6 +48,15 @@ async def add_async(a, b):
     return a + b
 
 
+@task
+async def where_async():
+    """The thread its coroutine ran on: a worker's event loop is ``delayq-async``."""
+    import threading
+
+    await asyncio.sleep(0)
+    return threading.current_thread().name
+
+
 @task(takes_context=True)
 def record(context, tag):
     """Leaves an Effect row (its pk gives the order tasks ran in)."""

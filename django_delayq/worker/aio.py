@@ -1,0 +1,159 @@
+"""The worker's event loop: every ``async def`` handler runs on it, as a coroutine.
+
+A worker runs one asyncio event loop on a thread of its own. An ``async def``
+handler's coroutine is scheduled on it (:meth:`EventLoop.run`), so however
+many of them run at once (up to their lane's concurrency) they share that
+one thread and interleave at each ``await``: a hundred handlers waiting on
+HTTP calls cost a hundred coroutines, not a hundred busy threads.
+
+Everything around the handler stays where it is for a plain handler: the
+executor thread that took the message waits for the coroutine's result
+(blocked, not spinning), then records the outcome through the settler; its
+lease, time limit, retries, signals and metrics are those of any message.
+Past its time limit the coroutine is cancelled (``asyncio.CancelledError``
+at its current ``await``), which a thread could never be.
+
+Django's async ORM calls (``aget``, ``acreate``...) run as Django runs them
+outside a request: on asgiref's single thread for sync code, with its own
+connection, which the loop closes when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from django_delayq.worker.background import Supervisor
+
+logger = logging.getLogger("django_delayq.worker")
+
+_local = threading.local()
+
+
+class EventLoop:
+    """One asyncio loop on a daemon thread; coroutines are handed to it from other threads."""
+
+    def __init__(self, supervisor: Supervisor | None = None) -> None:
+        self.supervisor = supervisor
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._ready.clear()
+        self.thread = threading.Thread(target=self._run, name="delayq-async", daemon=True)
+        self.thread.start()
+        self._ready.wait()
+
+    def ensure_started(self) -> None:
+        """Start the loop's thread the first time a coroutine comes (a worker whose
+        queues may hold async tasks, but need not: no thread until one does)."""
+        if self._ready.is_set():
+            return
+        with self._lock:
+            if not self._ready.is_set() and not self._stopping:
+                self.start()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+        self._ready.set()
+        try:
+            loop.run_forever()
+        except BaseException as exc:
+            if self.supervisor is None or self._stopping:
+                raise
+            self.supervisor.died("event loop", exc, self.start)
+        finally:
+            try:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(_close_connections())
+            finally:
+                loop.close()
+
+    def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        """Schedule ``coroutine`` on the loop (from any other thread)."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what still runs on the loop, close its ORM connection, and stop it."""
+        self._stopping = True
+        if self.loop is not None and self.thread is not None and self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout)
+
+
+async def _closing_connections(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """``coroutine``'s result; then the connections its ORM calls opened are closed
+    (a loop of its own: nothing else will close them)."""
+    try:
+        return await coroutine
+    finally:
+        await _close_connections()
+
+
+async def _close_connections() -> None:
+    # The async ORM's calls ran on asgiref's thread for sync code: close the
+    # connections it opened there.
+    await sync_to_async(connections.close_all)()
+
+
+def current() -> EventLoop | None:
+    """The loop of the worker whose executor this thread is (while it runs a message)."""
+    return getattr(_local, "loop", None)
+
+
+class running_on:
+    """Within this block, this thread's ``async def`` handlers run on ``loop``, for
+    the attempt ``item`` (whose ``cancel`` is set to the coroutine's, for the keeper)."""
+
+    def __init__(self, loop: EventLoop | None, item: Any = None) -> None:
+        self.loop, self.item = loop, item
+
+    def __enter__(self) -> None:
+        self.previous = (current(), getattr(_local, "item", None))
+        _local.loop, _local.item = self.loop, self.item
+
+    def __exit__(self, *exc: object) -> None:
+        _local.loop, _local.item = self.previous
+
+
+def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coroutine`` to its end and return its result.
+
+    On the worker's loop when this thread is one of its executors; elsewhere
+    (the testing helpers, a plain call) on a loop of its own, as
+    ``asyncio.run`` does. Past its attempt's time limit the keeper cancels it
+    (``InFlight.cancel``).
+    """
+    loop = current()
+    if loop is not None:
+        loop.ensure_started()
+    if loop is None or loop.loop is None or loop.thread is threading.current_thread():
+        return asyncio.run(_closing_connections(coroutine))
+    future = loop.submit(coroutine)
+    item = getattr(_local, "item", None)
+    if item is not None:
+        item.cancel = future.cancel
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError:
+        raise asyncio.CancelledError("cancelled on the worker's event loop") from None
+    finally:
+        if item is not None:
+            item.cancel = None

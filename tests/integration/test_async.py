@@ -1,0 +1,98 @@
+"""``async def`` handlers: coroutines on the worker's event loop, with every promise of a handler
+(retries, time limits, signals)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from django_delayq import enqueue, enqueue_many, handler, signals
+from django_delayq.models import Message
+from django_delayq.testing import run_pending
+from django_delayq.worker import Worker
+from django_delayq.worker.execute import Result
+from tests.conftest import finishes_within, wait_for
+from tests.testapp.handlers import ASYNC
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ASYNC.clear()
+
+
+def test_an_async_handler_runs_and_its_message_succeeds(run_worker):
+    # It was called, got a coroutine, and the message was marked succeeded
+    # without it ever running.
+    message = enqueue("async", {}).message
+    stats = run_worker(["async"])
+    message.refresh_from_db()
+    assert (message.status, message.attempt_count) == ("succeeded", 1)
+    assert list(Effect.objects.values_list("message_id", flat=True)) == [message.pk]
+    assert stats[Result.SUCCEEDED] == 1
+
+
+def test_an_async_handlers_errors_retries_and_discards_are_those_of_any_handler(run_worker):
+    failing = enqueue("async", {"fail": 1}).message
+    snoozed = enqueue("async", {"retry_in": 3600}).message
+    dropped = enqueue("async", {"discard": "no"}).message
+    retried: list[int] = []
+
+    def on_retry(sender, message, **kwargs):
+        retried.append(message.pk)
+
+    signals.message_retried.connect(on_retry, weak=False)
+    try:
+        stats = run_worker(["async"])
+    finally:
+        signals.message_retried.disconnect(on_retry)
+    rows = {m.pk: m for m in Message.objects.all()}
+    assert (rows[failing.pk].status, rows[failing.pk].attempt_count) == ("pending", 1)
+    assert "Boom" in rows[failing.pk].last_error
+    assert (rows[snoozed.pk].status, rows[snoozed.pk].max_attempts) == ("pending", 3)
+    assert (rows[dropped.pk].status, rows[dropped.pk].last_error) == ("failed", "Discarded: no")
+    assert sorted(retried) == sorted([failing.pk, snoozed.pk])
+    assert (stats[Result.RETRYING], stats[Result.SNOOZED], stats[Result.DISCARDED]) == (1, 1, 1)
+
+
+def test_async_handlers_run_together_on_one_loop_beyond_the_workers_threads():
+    # concurrency=20 on the handler, one thread for the worker's other queues:
+    # ten coroutines wait until all ten run at once, on one thread.
+    results = enqueue_many("async", [{"meet": 10}] * 10)
+    worker = Worker(["async"], burst=True, concurrency=1)
+    stats = finishes_within(60, worker.run)
+    assert stats[Result.SUCCEEDED] == 10
+    assert ASYNC["peak"] >= 10
+    assert len(ASYNC["threads"]) == 1
+    assert threading.get_ident() not in ASYNC["threads"]
+    assert Effect.objects.count() == len(results)
+
+
+def test_past_its_time_limit_an_async_handlers_coroutine_is_cancelled(serving_worker):
+    message = enqueue("async-limited", {}).message
+    serving_worker(["async-limited"])
+    wait_for(lambda: ASYNC.get("cancelled") == [message.pk], message="the coroutine's cancel")
+    wait_for(lambda: Message.objects.get(pk=message.pk).status == "failed", message="failed")
+    assert Message.objects.get(pk=message.pk).last_error.startswith(
+        "django_delayq.exceptions.TimeLimitExceeded"
+    )
+
+
+def test_the_testing_helpers_run_an_async_handler_in_the_test(run_worker):
+    message = enqueue("async", {}).message
+    [attempt] = run_pending("async")
+    assert (attempt.message.pk, attempt.result) == (message.pk, "succeeded")
+    assert Effect.objects.filter(message_id=message.pk).count() == 1
+
+
+def test_an_atomic_async_handler_is_refused_where_it_is_declared():
+    with pytest.raises(ImproperlyConfigured, match="cannot be atomic=True"):
+
+        @handler("async-atomic", atomic=True)
+        async def h(message):  # pragma: no cover - never registered
+            await asyncio.sleep(0)
