@@ -27,7 +27,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connections
 
 from django_delayq.worker.background import Supervisor
@@ -98,13 +98,8 @@ class EventLoop:
             self.thread.join(timeout)
 
 
-async def _closing_connections(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """``coroutine``'s result; then the connections its ORM calls opened are closed
-    (a loop of its own: nothing else will close them)."""
-    try:
-        return await coroutine
-    finally:
-        await _close_connections()
+async def _awaited(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    return await coroutine
 
 
 async def _close_connections() -> None:
@@ -137,15 +132,18 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run ``coroutine`` to its end and return its result.
 
     On the worker's loop when this thread is one of its executors; elsewhere
-    (the testing helpers, a plain call) on a loop of its own, as
-    ``asyncio.run`` does. Past its attempt's time limit the keeper cancels it
+    (the testing helpers, a plain call) through ``asgiref.sync.async_to_sync``,
+    as Django runs async code from sync code. Past its attempt's time limit the keeper cancels it
     (``InFlight.cancel``).
     """
     loop = current()
     if loop is not None:
         loop.ensure_started()
     if loop is None or loop.loop is None or loop.thread is threading.current_thread():
-        return asyncio.run(_closing_connections(coroutine))
+        # asgiref's bridge, as Django calls async code from sync code: the
+        # coroutine's sync calls (the async ORM's) come back to this thread, on
+        # its connection, so a test's uncommitted rows are seen.
+        return async_to_sync(_awaited)(coroutine)
     future = loop.submit(coroutine)
     item = getattr(_local, "item", None)
     if item is not None:

@@ -6,6 +6,7 @@ django_delayq imports every installed app's ``handlers.py`` at start-up, so
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from django_delayq import Discard, Retry, handler, tick_of
@@ -93,6 +94,21 @@ def send_email(message: Message) -> None:
         message.key,
         late,
     )
+
+
+@handler("partners", concurrency=20, time_limit=10)
+async def notify_partner(message: Message) -> None:
+    """Tell the fulfilment partner's API of a placed order (here: a pretend HTTP call).
+
+    ``async def``: it runs as a coroutine on the worker's event loop, so
+    twenty of these wait on the partner's API together without twenty
+    threads (``concurrency=20``, beside the worker's ``--concurrency``).
+    Its database reads use Django's async ORM. Past ``time_limit`` the
+    coroutine is cancelled and the attempt retried.
+    """
+    order = await Order.objects.aget(pk=message.payload["order_id"])
+    await asyncio.sleep(0.2)  # stands for: await client.post(PARTNER_URL, json=...)
+    logger.info("partner told of order #%s (%s)", order.pk, order.customer_email)
 
 
 @handler("ops")

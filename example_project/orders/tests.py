@@ -127,3 +127,14 @@ def test_another_orders_events_do_not_wait(delayq):
         (slow.pk, "snoozed"),
         (quick.pk, "succeeded"),
     ]
+
+
+def test_the_partner_is_told_of_an_order_by_an_async_handler(delayq, caplog):
+    placed = place_order("ann@example.com", "42.50")
+    enqueue("partners", {"order_id": placed.order.pk})
+
+    with caplog.at_level("INFO", logger="orders"):
+        [attempt] = delayq.run_pending("partners")
+
+    assert attempt.result == "succeeded"
+    assert f"partner told of order #{placed.order.pk} (ann@example.com)" in caplog.text

@@ -5,7 +5,8 @@ transaction (and gone together on rollback), delayed delivery, a batch with
 ``enqueue_many``, keys that make a repeated enqueue harmless, a task of
 Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend,
 shipments whose rows are their own queue messages (``QueueFields``), each
-order's events in an ordered group, and a rate-limited emails queue.
+order's events in an ordered group, a rate-limited emails queue, and an
+``async def`` handler's queue (the partner's API).
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ class Command(BaseCommand):
             f"The emails queue has RATE_LIMIT {setting!r} (settings.py): at most {rate.count} "
             f"emails start in any {rate.period.total_seconds():g} s,\nacross every worker; "
             "the others wait, due, with no attempt spent."
+        )
+
+        orders = list(Order.objects.order_by("pk").values_list("pk", flat=True))
+        enqueue_many(
+            "partners",
+            [{"order_id": pk} for pk in orders],
+            keys=[f"partner-{pk}" for pk in orders],
+        )
+        out(
+            f"The partner's API is told of the {len(orders)} orders by an async def handler "
+            "(partners):\n  coroutines on the worker's event loop, up to 20 at once."
         )
 
         out("Placing an order whose transaction then fails:")
