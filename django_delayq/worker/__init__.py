@@ -33,7 +33,7 @@ from types import FrameType
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections, reset_queries
+from django.db import connections, reset_queries
 
 from django_delayq import guard, liveness
 from django_delayq.conf import get_config, to_timedelta
@@ -47,7 +47,7 @@ from django_delayq.store import changes
 from django_delayq.store.features import features
 from django_delayq.worker.acks import Settler
 from django_delayq.worker.aio import EventLoop
-from django_delayq.worker.background import Supervisor
+from django_delayq.worker.background import DB_ERRORS, Supervisor
 from django_delayq.worker.claimer import Claimer
 from django_delayq.worker.execute import Result
 from django_delayq.worker.inflight import Book, InFlight, Lane
@@ -366,7 +366,7 @@ class Worker:
             try:
                 self.keeper.register()
                 self.health.beat()
-            except DatabaseError:
+            except DB_ERRORS:
                 logger.warning("could not record this worker's heartbeat yet", exc_info=True)
                 connections[self.using].close()
             acks.start(self.supervisor)
@@ -408,7 +408,7 @@ class Worker:
                         continue
                     last_look = False
                     self.claimer.idle_wait()
-                except DatabaseError:
+                except DB_ERRORS:
                     # Lost connection, restarted server, failover: reconnect
                     # with a capped exponential backoff, and what it holds
                     # stays leased meanwhile; past DATABASE_OUTAGE_LIMIT (if
@@ -541,7 +541,7 @@ class Worker:
                     using=self.using,
                     model=model,
                 )
-            except DatabaseError:
+            except DB_ERRORS:
                 logger.warning(
                     "could not release %d message(s); they wait for their lease",
                     len(ids),
@@ -552,7 +552,7 @@ class Worker:
             queues = {item.row.queue for item in items if item.lane.model is Message}
             try:
                 changes.wake(queues, using=self.using)
-            except DatabaseError:
+            except DB_ERRORS:
                 logger.warning("could not wake the other workers", exc_info=True)
         return released
 
@@ -571,7 +571,7 @@ class Worker:
         def step(what: str, function: Callable[[], object]) -> None:
             try:
                 function()
-            except DatabaseError:
+            except DB_ERRORS:
                 logger.warning("could not %s", what, exc_info=True)
             except BaseException as exc:
                 logger.error("could not %s", what, exc_info=True)

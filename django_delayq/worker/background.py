@@ -26,9 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connections, reset_queries
+from django.db import DatabaseError, InterfaceError, connections, reset_queries
 
 logger = logging.getLogger("django_delayq.worker")
+
+#: What a lost or refused database connection raises: a ``DatabaseError`` or an
+#: ``InterfaceError`` ("connection already closed"), which DB-API makes siblings,
+#: not one the other's subclass. The worker reconnects after either.
+DB_ERRORS = (DatabaseError, InterfaceError)
 
 #: A part of the worker may die this many times in RESTART_WINDOW seconds and be
 #: started again; once more, and the worker stops (``WorkerCrashed``).

@@ -19,7 +19,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.dispatch import Signal
 
 from django_delayq import guard, signals
@@ -39,6 +39,7 @@ from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
 from django_delayq.store import changes
 from django_delayq.worker import aio
+from django_delayq.worker.background import DB_ERRORS
 
 if TYPE_CHECKING:
     from django_delayq.worker.acks import Settler, Unwritten
@@ -458,7 +459,7 @@ def _group_goes_on(message: Message, using: str) -> None:
         return
     try:
         changes.release_groups([(message.queue, group)], using=using)
-    except DatabaseError:
+    except DB_ERRORS:
         logger.warning(
             "could not let group %s of queue %s go on; the groups' sweep will",
             group,

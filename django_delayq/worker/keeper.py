@@ -25,12 +25,12 @@ import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from django_delayq import liveness
 from django_delayq.logs import message_fields
 from django_delayq.store import changes
-from django_delayq.worker.background import Background, Supervisor
+from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.execute import record_time_limit
 from django_delayq.worker.inflight import Book, InFlight
 
@@ -123,7 +123,7 @@ class Keeper:
                 if not liveness.beat(self.name, alive_for=self.alive_for, using=self.using):
                     self.register()
                 self._on_heartbeat()
-        except DatabaseError as exc:
+        except DB_ERRORS as exc:
             if _sqlite_locked(exc):
                 # Another transaction holds SQLite's write lock (an atomic
                 # handler's, a producer's): nothing is lost meanwhile, since
@@ -198,5 +198,5 @@ class Keeper:
             )
 
 
-def _sqlite_locked(exc: DatabaseError) -> bool:
+def _sqlite_locked(exc: Exception) -> bool:
     return "database is locked" in str(exc)

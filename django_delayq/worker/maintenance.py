@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from django_delayq import guard, liveness, retention
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.cron import install
 from django_delayq.store import changes
-from django_delayq.worker.background import Background, Supervisor
+from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.inflight import Book
 
 logger = logging.getLogger("django_delayq.worker")
@@ -160,7 +160,7 @@ class Maintenance:
                     task.interval,
                     exc_info=True,
                 )
-                if isinstance(exc, DatabaseError):
+                if isinstance(exc, DB_ERRORS):
                     connections[self.using].close()
                 continue
             if sooner is not None:

@@ -344,3 +344,36 @@ def test_on_sqlite_a_long_atomic_handler_lets_no_other_lease_of_its_worker_be_ta
         other_release.set()
     wait_for(lambda: Message.objects.get(pk=other.pk).status == "succeeded", message="done")
     assert executions(other) == 1
+
+
+# -- InterfaceError is not a DatabaseError -------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["claim", "extend", "next_due"])
+def test_an_interface_error_is_a_lost_connection_not_a_crash(
+    serving_worker, monkeypatch, settings, where
+):
+    # DB-API makes InterfaceError ("connection already closed") a sibling of
+    # DatabaseError: a worker that caught only the latter died of the former.
+    from django_delayq.store import queries
+
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.6}
+    if where == "extend":
+        enqueue("default", {"sleep": 1})  # a lease to extend
+
+    module = queries if where == "next_due" else changes
+    real = getattr(module, where)
+    raised: list[int] = []
+
+    def once(*args, **kwargs):
+        if not raised:
+            raised.append(1)
+            raise InterfaceError("connection already closed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, where, once)
+    worker = serving_worker(["default"], concurrency=1)
+    wait_for(lambda: raised, message="the error to be raised")
+    message = enqueue("default", {}).message
+    wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", message="done")
+    assert not worker.book.stopping
