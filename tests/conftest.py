@@ -154,6 +154,19 @@ class WorkerProcess:
     def wait(self, timeout: float = 60) -> int:
         return self.proc.wait(timeout=timeout)
 
+    def wait_until_consuming(self, timeout: float = 60) -> None:
+        """Poll (with a deadline) the output for the line a started worker writes: a
+        SIGTERM sent before the worker set its signal handlers would kill it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            # pread: the worker writes through the same file offset, which a
+            # seek here would move under it.
+            fd = self._log.fileno()
+            if b" consuming " in os.pread(fd, os.fstat(fd).st_size, 0):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the worker did not start consuming within {timeout} s")
+
     @property
     def output(self) -> str:
         """Everything the process printed (once it has exited)."""

@@ -41,6 +41,7 @@ def spawn_three(spawn_worker, queues: dict[str, object], **env: str):
 
 def stop(workers) -> None:
     for worker in workers:
+        worker.wait_until_consuming()  # one spawned moments ago may still be starting
         worker.signal(signal.SIGTERM)
     for worker in workers:
         assert worker.wait() == 0, worker.output
