@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -226,9 +225,7 @@ def run(
     log = (project / "worker.log").open("wb")
     worker = None
     try:
-        subprocess.run(
-            [python, "-m", "django", "migrate", "-v0"], env=env, cwd=project, check=True
-        )
+        subprocess.run([python, "-m", "django", "migrate", "-v0"], env=env, cwd=project, check=True)
         worker = subprocess.Popen(
             [python, "-m", "django", "run_delayq", "--queue", "pickup"],
             env=env,
@@ -335,6 +332,7 @@ def main() -> None:
                 f"p99 {med['p99']:.2f}; worker CPU {med['cpu_ms_per_msg']:.3f} ms/msg "
                 f"(p50s {p50s})"
             )
+
 
 if __name__ == "__main__":
     main()
