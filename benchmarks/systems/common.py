@@ -39,21 +39,26 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SERVER = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
+# Every database a run creates is named PREFIX + <name> (BENCH_DATABASE_PREFIX):
+# two runs on one server at once (two checkouts) each need their own.
+PREFIX = os.environ.get("BENCH_DATABASE_PREFIX", "delayq_bench_")
+
+
 def database_url(name: str) -> str:
-    return f"{SERVER}/delayq_bench_{name}"
+    return f"{SERVER}/{PREFIX}{name}"
 
 
 def fresh_database(name: str) -> str:
-    """Drop and create ``delayq_bench_<name>``; returns its URL."""
+    """Drop and create ``<PREFIX><name>``; returns its URL."""
     with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "delayq_bench_{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "delayq_bench_{name}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{PREFIX}{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{PREFIX}{name}"')
     return database_url(name)
 
 
 def drop_database(name: str) -> None:
     with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "delayq_bench_{name}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{PREFIX}{name}" WITH (FORCE)')
 
 
 class System:
@@ -72,8 +77,9 @@ class System:
         """Create the system's tables in the (empty) database."""
         raise NotImplementedError
 
-    def enqueue_one(self, i: int) -> None:
-        """Enqueue one no-op message in its own transaction."""
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
+        """Enqueue one message (``noop``, or ``write``: its handler writes a row) in its
+        own transaction."""
         raise NotImplementedError
 
     def enqueue_batch(self, n: int) -> None:
@@ -264,17 +270,31 @@ def measure_process(
 
 
 def measure_latency(system: System, samples: int) -> dict[str, Any]:
-    """Commit of a due message -> its handler's start, on an idle worker."""
+    """Commit of a due message -> its handler's first line, on an idle worker.
+
+    What a user sees: the worker runs with the system's default settings
+    (``BENCH_DEFAULTS=1``: django-delayq's ``DELAYQ`` is empty; its
+    concurrency, 1, is every system's default or the benchmark's), the
+    handler writes a row (the ``write`` queue; the probe's time stamp is its
+    first line), and the messages come one at a time, 100-200 ms apart, each
+    committed on its own.
+    """
     system.install()
-    workers = Workers(system, processes=1, concurrency=1, env={"BENCH_PROBE_SAMPLES": "1"})
+    workers = Workers(
+        system,
+        processes=1,
+        concurrency=1,
+        queue="write",
+        env={"BENCH_PROBE_SAMPLES": "1", "BENCH_DEFAULTS": "1"},
+    )
     try:
-        system.enqueue_one(-1)  # the worker is up once this one ran
+        system.enqueue_one(-1, "write")  # the worker is up once this one ran
         workers.wait_for(1, 120)
         committed: dict[str, float] = {}
         rng = random.Random(7)
         for i in range(samples):
-            time.sleep(0.05 + rng.random() * 0.05)  # the worker goes idle
-            system.enqueue_one(i)
+            time.sleep(0.1 + rng.random() * 0.1)  # the worker goes idle
+            system.enqueue_one(i, "write")
             # Once the commit returned: the handler may start a fraction of a
             # millisecond before the client hears of the commit.
             committed[str(i)] = time.monotonic()
