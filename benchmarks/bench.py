@@ -122,6 +122,7 @@ def metrics(quick: bool) -> list[Metric]:
     # full size), the idle window, and the spawns behind each start-up figure.
     steady = {20: 10, 200: 5, 1000: 3} if quick else {20: 60, 200: 30, 1000: 10}
     idle = 10 if quick else 30
+    steady_args = ["cpu", "--rate", "200", "--concurrency", "16", "--queue", "sleep", "--seconds"]
     spawns = 3 if quick else 5
     return [
         Metric("enqueue_one", f"enqueue, one per transaction ({one:,})", "msg/s", True,
@@ -160,6 +161,14 @@ def metrics(quick: bool) -> list[Metric]:
                  "CPU ms/msg", False, ["cpu", "--rate", str(rate), "--seconds", str(s)],
                  repeat=True)
           for rate, s in steady.items()),
+        # A service's steady load: 1 ms jobs (they wait on something), 16
+        # at once, 200 a second; CPU without the probe's samples, pickup with.
+        Metric("steady_cpu", "1 ms jobs at 200 msg/s, concurrency 16: CPU per message",
+               "CPU ms/msg", False, [*steady_args, str(steady[200])], repeat=True),
+        Metric("steady_p50", "1 ms jobs at 200 msg/s, concurrency 16: pickup p50", "ms", False,
+               [*steady_args, str(steady[200]), "--samples"], "pickup_p50_ms", repeat=True),
+        Metric("steady_p95", "1 ms jobs at 200 msg/s, concurrency 16: pickup p95", "ms", False,
+               [*steady_args, str(steady[200]), "--samples"], "pickup_p95_ms", repeat=True),
         Metric("idle_cpu", f"idle worker CPU ({idle} s)", "% of a core", False,
                ["idle", "--seconds", str(idle)], repeat=True),
         Metric("startup_burst", f"one-shot worker start-up + exit, empty queue ({spawns} spawns)",
@@ -169,7 +178,10 @@ def metrics(quick: bool) -> list[Metric]:
     ]  # fmt: skip
 
 
-EVERYDAY_KEYS = ("cpu_20", "cpu_200", "cpu_1000", "idle_cpu", "startup_burst", "startup_first")
+EVERYDAY_KEYS = (
+    "cpu_20", "cpu_200", "cpu_1000", "steady_cpu", "steady_p50", "steady_p95", "idle_cpu",
+    "startup_burst", "startup_first",
+)  # fmt: skip
 EVERYDAY = (
     "Everyday costs (the CPU, idle and start-up rows; benchmarks/systems/common.py): one "
     "serving worker process, concurrency 1, no-op handler (django-delayq: `run_delayq`, "

@@ -415,11 +415,13 @@ def cpu_seconds(pid: int) -> float:
     return ticks / _TICK
 
 
-def _warm_worker(system: System, env: dict[str, str] | None = None) -> Workers:
-    """One serving worker (concurrency 1) that has processed a first message."""
-    workers = Workers(system, processes=1, concurrency=1, env=env)
+def _warm_worker(
+    system: System, env: dict[str, str] | None = None, *, concurrency: int = 1, queue: str = "noop"
+) -> Workers:
+    """One serving worker that has processed a first message."""
+    workers = Workers(system, processes=1, concurrency=concurrency, queue=queue, env=env)
     try:
-        system.enqueue_one(-1)
+        system.enqueue_one(-1, queue)
         workers.wait_for(1, 120)
         time.sleep(SETTLE)
     except BaseException:
@@ -429,7 +431,13 @@ def _warm_worker(system: System, env: dict[str, str] | None = None) -> Workers:
 
 
 def measure_cpu(
-    system: System, rate: float, seconds: float, samples: bool = False
+    system: System,
+    rate: float,
+    seconds: float,
+    samples: bool = False,
+    *,
+    concurrency: int = 1,
+    queue: str = "noop",
 ) -> dict[str, Any]:
     """The serving worker's CPU milliseconds per message at a steady enqueue rate.
 
@@ -444,10 +452,18 @@ def measure_cpu(
     (commit to handler start, p50 and p95). The probe then keeps every
     start and writes them all five times a second, which costs the worker
     CPU: the benchmark's CPU rows run without it.
+
+    ``queue="sleep"`` runs jobs of 1 ms (the handler sleeps), ``concurrency``
+    handlers at once: a steady load as a service sees it.
     """
     system.install()
     n = max(1, round(rate * seconds))
-    workers = _warm_worker(system, {"BENCH_PROBE_SAMPLES": "1"} if samples else None)
+    workers = _warm_worker(
+        system,
+        {"BENCH_PROBE_SAMPLES": "1"} if samples else None,
+        concurrency=concurrency,
+        queue=queue,
+    )
     committed: dict[str, float] = {}
     try:
         pid = workers.procs[0].pid
@@ -457,7 +473,7 @@ def measure_cpu(
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            system.enqueue_one(i)
+            system.enqueue_one(i, queue)
             if samples:
                 committed[str(i)] = time.monotonic()
             due += 1 / rate
@@ -626,7 +642,14 @@ def main(factory: Callable[[str], System]) -> None:
         elif args.metric == "delayed":
             result = measure_delayed(system, args.n)
         elif args.metric == "cpu":
-            result = measure_cpu(system, args.rate, args.seconds, args.samples)
+            result = measure_cpu(
+                system,
+                args.rate,
+                args.seconds,
+                args.samples,
+                concurrency=args.concurrency,
+                queue=args.queue,
+            )
         elif args.metric == "idle":
             result = measure_idle(system, args.seconds)
         elif args.metric == "startup_burst":

@@ -114,6 +114,8 @@ def _loop(queue: str) -> None:
                 probe.tick(job.payload.get("i"))
                 if queue == "write":
                     Sink.objects.create(n=job.pk)
+                elif queue == "sleep":
+                    time.sleep(0.001)
                 job.delete()
         if job is None:
             time.sleep(IDLE_SLEEP)

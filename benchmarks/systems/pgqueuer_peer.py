@@ -120,6 +120,8 @@ async def _work(queue: str, concurrency: int, drain: bool = False) -> None:
         probe.tick(json.loads(job.payload or b"{}").get("i"))
         if queue == "write":
             sink.execute("INSERT INTO bench_sink (n) VALUES (%s)", (job.id,))
+        elif queue == "sleep":
+            await asyncio.sleep(0.001)
 
     probe.ready()
     mode = QueueExecutionMode.drain if drain else QueueExecutionMode.continuous
