@@ -58,9 +58,11 @@ def test_an_idle_worker_claims_at_once():
     assert claimer.hold(1000.0) == 0.0
 
 
-def test_a_sparse_stream_is_claimed_at_once():
-    # 200 a second: messages 5 ms apart, fewer than three within 10 ms.
-    claimer = make_claimer(0.01)
+@pytest.mark.parametrize("claim_delay", [0.01, 0.025])
+def test_a_sparse_stream_is_claimed_at_once(claim_delay):
+    # 200 a second: messages 5 ms apart, fewer than HOLD_FOR within the delay
+    # (25 ms is the default).
+    claimer = make_claimer(claim_delay)
     now = 1000.0
     for _ in range(20):
         now += 0.005
