@@ -10,7 +10,8 @@
 Every figure comes from its own subprocess
 (``python -m benchmarks.systems.<adapter> <metric>``) on a freshly created
 database (``delayq_bench_<system>`` on the local PostgreSQL, or the server
-``BENCH_POSTGRES`` names), one system at a time, so no two measurements
+``BENCH_POSTGRES`` names; ``BENCH_DATABASE_PREFIX`` replaces ``delayq_bench_``
+where two runs share a server), one system at a time, so no two measurements
 share a process, a table or the machine. The peers (procrastinate,
 django-tasks with django-tasks-db, PGQueuer, the hand-written ORM loop) run in
 their own virtualenv, ``benchmarks/.venv-peers``, created and upgraded to the
