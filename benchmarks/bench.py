@@ -10,7 +10,8 @@
 Every figure comes from its own subprocess
 (``python -m benchmarks.systems.<adapter> <metric>``) on a freshly created
 database (``delayq_bench_<system>`` on the local PostgreSQL, or the server
-``BENCH_POSTGRES`` names), one system at a time, so no two measurements
+``BENCH_POSTGRES`` names; ``BENCH_DATABASE_PREFIX`` replaces ``delayq_bench_``
+where two runs share a server), one system at a time, so no two measurements
 share a process, a table or the machine. The peers (procrastinate,
 django-tasks with django-tasks-db, PGQueuer, the hand-written ORM loop) run in
 their own virtualenv, ``benchmarks/.venv-peers``, created and upgraded to the
@@ -122,6 +123,7 @@ def metrics(quick: bool) -> list[Metric]:
     # full size), the idle window, and the spawns behind each start-up figure.
     steady = {20: 10, 200: 5, 1000: 3} if quick else {20: 60, 200: 30, 1000: 10}
     idle = 10 if quick else 30
+    steady_args = ["cpu", "--rate", "200", "--concurrency", "16", "--queue", "sleep", "--seconds"]
     spawns = 3 if quick else 5
     return [
         Metric("enqueue_one", f"enqueue, one per transaction ({one:,})", "msg/s", True,
@@ -136,9 +138,9 @@ def metrics(quick: bool) -> list[Metric]:
                ["process", "--n", str(process), "--processes", "2"]),
         Metric("process_atomic", f"process {atomic:,}, handler writes a row (atomic)", "msg/s",
                True, ["process", "--n", str(atomic), "--queue", "write"], repeat=True),
-        Metric("latency_p50", "pickup latency p50, idle worker", "ms", False,
+        Metric("latency_p50", "pickup p50, idle worker, handler writes a row", "ms", False,
                ["latency", "--n", str(samples)]),
-        Metric("latency_p95", "pickup latency p95, idle worker", "ms", False,
+        Metric("latency_p95", "pickup p95, idle worker, handler writes a row", "ms", False,
                ["latency", "--n", str(samples)], "p95"),
         Metric("delayed_p50", "delayed message: start after due time, p50", "ms", False,
                ["delayed", "--n", str(samples)]),
@@ -160,6 +162,14 @@ def metrics(quick: bool) -> list[Metric]:
                  "CPU ms/msg", False, ["cpu", "--rate", str(rate), "--seconds", str(s)],
                  repeat=True)
           for rate, s in steady.items()),
+        # A service's steady load: 1 ms jobs (they wait on something), 16
+        # at once, 200 a second; CPU without the probe's samples, pickup with.
+        Metric("steady_cpu", "1 ms jobs at 200 msg/s, concurrency 16: CPU per message",
+               "CPU ms/msg", False, [*steady_args, str(steady[200])], repeat=True),
+        Metric("steady_p50", "1 ms jobs at 200 msg/s, concurrency 16: pickup p50", "ms", False,
+               [*steady_args, str(steady[200]), "--samples"], "pickup_p50_ms", repeat=True),
+        Metric("steady_p95", "1 ms jobs at 200 msg/s, concurrency 16: pickup p95", "ms", False,
+               [*steady_args, str(steady[200]), "--samples"], "pickup_p95_ms", repeat=True),
         Metric("idle_cpu", f"idle worker CPU ({idle} s)", "% of a core", False,
                ["idle", "--seconds", str(idle)], repeat=True),
         Metric("startup_burst", f"one-shot worker start-up + exit, empty queue ({spawns} spawns)",
@@ -169,7 +179,10 @@ def metrics(quick: bool) -> list[Metric]:
     ]  # fmt: skip
 
 
-EVERYDAY_KEYS = ("cpu_20", "cpu_200", "cpu_1000", "idle_cpu", "startup_burst", "startup_first")
+EVERYDAY_KEYS = (
+    "cpu_20", "cpu_200", "cpu_1000", "steady_cpu", "steady_p50", "steady_p95", "idle_cpu",
+    "startup_burst", "startup_first",
+)  # fmt: skip
 EVERYDAY = (
     "Everyday costs (the CPU, idle and start-up rows; benchmarks/systems/common.py): one "
     "serving worker process, concurrency 1, no-op handler (django-delayq: `run_delayq`, "

@@ -7,7 +7,8 @@ of them the same. ``BENCH_ADMIN=1`` adds Django's admin and what it needs
 (``benchmarks/admin_1m.py``).
 
 ``BENCH_DATABASE_URL`` (set by the benchmark runner) wins over
-``DATABASE_URL``; ``BENCH_DEBUG=1`` turns on ``DEBUG`` (the memory
+``DATABASE_URL``; ``BENCH_DEFAULTS=1`` leaves ``DELAYQ`` empty (the pickup
+rows: every setting at its default); ``BENCH_DEBUG=1`` turns on ``DEBUG`` (the memory
 measurement runs the worker with Django's query log on);
 ``BENCH_SEARCH_INDEXES=1`` installs ``django_delayq.contrib.search_indexes``.
 """
@@ -52,6 +53,9 @@ if os.environ.get("BENCH_SEARCH_INDEXES") == "1":
     # benchmarks/admin_1m.py: the opt-in search indexes, built or dropped by migrate.
     INSTALLED_APPS.append("django_delayq.contrib.search_indexes")
 DELAYQ = {"POLL_INTERVAL": 1, "PRUNE_INTERVAL": None}
+if os.environ.get("BENCH_DEFAULTS") == "1":
+    # The pickup rows (common.measure_latency): the worker as a user runs it.
+    DELAYQ = {}
 if os.environ.get("BENCH_CLAIM_DELAY"):
     # `python -m benchmarks.systems.delayq cpu --samples`: the trade-off of
     # CLAIM_DELAY (seconds, or "none"), CPU against pickup under a steady load.

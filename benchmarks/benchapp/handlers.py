@@ -1,3 +1,5 @@
+import time
+
 from django.db import connection
 
 from benchmarks.systems import probe
@@ -8,6 +10,13 @@ from django_delayq import handler
 def noop(message):
     """Does nothing: measures the queue's own cost."""
     probe.tick(message.payload.get("i"))
+
+
+@handler("sleep")
+def sleep(message):
+    """A job of 1 ms (waiting on something, as most jobs do)."""
+    probe.tick(message.payload.get("i"))
+    time.sleep(0.001)
 
 
 @handler("write", atomic=True)

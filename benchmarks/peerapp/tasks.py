@@ -1,5 +1,7 @@
 """django-tasks tasks run by django-tasks-db's ``db_worker``."""
 
+import time
+
 from django.db import transaction
 from django_tasks import task
 
@@ -10,6 +12,12 @@ from benchmarks.systems import probe
 @task(queue_name="noop")
 def noop(i: int) -> None:
     probe.tick(i)
+
+
+@task(queue_name="sleep")
+def sleep(i: int) -> None:
+    probe.tick(i)
+    time.sleep(0.001)
 
 
 @task(queue_name="write")

@@ -39,21 +39,26 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SERVER = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
+# Every database a run creates is named PREFIX + <name> (BENCH_DATABASE_PREFIX):
+# two runs on one server at once (two checkouts) each need their own.
+PREFIX = os.environ.get("BENCH_DATABASE_PREFIX", "delayq_bench_")
+
+
 def database_url(name: str) -> str:
-    return f"{SERVER}/delayq_bench_{name}"
+    return f"{SERVER}/{PREFIX}{name}"
 
 
 def fresh_database(name: str) -> str:
-    """Drop and create ``delayq_bench_<name>``; returns its URL."""
+    """Drop and create ``<PREFIX><name>``; returns its URL."""
     with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "delayq_bench_{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "delayq_bench_{name}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{PREFIX}{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{PREFIX}{name}"')
     return database_url(name)
 
 
 def drop_database(name: str) -> None:
     with psycopg.connect(f"{SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "delayq_bench_{name}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{PREFIX}{name}" WITH (FORCE)')
 
 
 class System:
@@ -72,8 +77,9 @@ class System:
         """Create the system's tables in the (empty) database."""
         raise NotImplementedError
 
-    def enqueue_one(self, i: int) -> None:
-        """Enqueue one no-op message in its own transaction."""
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
+        """Enqueue one message (``noop``, or ``write``: its handler writes a row) in its
+        own transaction."""
         raise NotImplementedError
 
     def enqueue_batch(self, n: int) -> None:
@@ -264,17 +270,31 @@ def measure_process(
 
 
 def measure_latency(system: System, samples: int) -> dict[str, Any]:
-    """Commit of a due message -> its handler's start, on an idle worker."""
+    """Commit of a due message -> its handler's first line, on an idle worker.
+
+    What a user sees: the worker runs with the system's default settings
+    (``BENCH_DEFAULTS=1``: django-delayq's ``DELAYQ`` is empty; its
+    concurrency, 1, is every system's default or the benchmark's), the
+    handler writes a row (the ``write`` queue; the probe's time stamp is its
+    first line), and the messages come one at a time, 100-200 ms apart, each
+    committed on its own.
+    """
     system.install()
-    workers = Workers(system, processes=1, concurrency=1, env={"BENCH_PROBE_SAMPLES": "1"})
+    workers = Workers(
+        system,
+        processes=1,
+        concurrency=1,
+        queue="write",
+        env={"BENCH_PROBE_SAMPLES": "1", "BENCH_DEFAULTS": "1"},
+    )
     try:
-        system.enqueue_one(-1)  # the worker is up once this one ran
+        system.enqueue_one(-1, "write")  # the worker is up once this one ran
         workers.wait_for(1, 120)
         committed: dict[str, float] = {}
         rng = random.Random(7)
         for i in range(samples):
-            time.sleep(0.05 + rng.random() * 0.05)  # the worker goes idle
-            system.enqueue_one(i)
+            time.sleep(0.1 + rng.random() * 0.1)  # the worker goes idle
+            system.enqueue_one(i, "write")
             # Once the commit returned: the handler may start a fraction of a
             # millisecond before the client hears of the commit.
             committed[str(i)] = time.monotonic()
@@ -395,11 +415,13 @@ def cpu_seconds(pid: int) -> float:
     return ticks / _TICK
 
 
-def _warm_worker(system: System, env: dict[str, str] | None = None) -> Workers:
-    """One serving worker (concurrency 1) that has processed a first message."""
-    workers = Workers(system, processes=1, concurrency=1, env=env)
+def _warm_worker(
+    system: System, env: dict[str, str] | None = None, *, concurrency: int = 1, queue: str = "noop"
+) -> Workers:
+    """One serving worker that has processed a first message."""
+    workers = Workers(system, processes=1, concurrency=concurrency, queue=queue, env=env)
     try:
-        system.enqueue_one(-1)
+        system.enqueue_one(-1, queue)
         workers.wait_for(1, 120)
         time.sleep(SETTLE)
     except BaseException:
@@ -409,7 +431,13 @@ def _warm_worker(system: System, env: dict[str, str] | None = None) -> Workers:
 
 
 def measure_cpu(
-    system: System, rate: float, seconds: float, samples: bool = False
+    system: System,
+    rate: float,
+    seconds: float,
+    samples: bool = False,
+    *,
+    concurrency: int = 1,
+    queue: str = "noop",
 ) -> dict[str, Any]:
     """The serving worker's CPU milliseconds per message at a steady enqueue rate.
 
@@ -424,10 +452,18 @@ def measure_cpu(
     (commit to handler start, p50 and p95). The probe then keeps every
     start and writes them all five times a second, which costs the worker
     CPU: the benchmark's CPU rows run without it.
+
+    ``queue="sleep"`` runs jobs of 1 ms (the handler sleeps), ``concurrency``
+    handlers at once: a steady load as a service sees it.
     """
     system.install()
     n = max(1, round(rate * seconds))
-    workers = _warm_worker(system, {"BENCH_PROBE_SAMPLES": "1"} if samples else None)
+    workers = _warm_worker(
+        system,
+        {"BENCH_PROBE_SAMPLES": "1"} if samples else None,
+        concurrency=concurrency,
+        queue=queue,
+    )
     committed: dict[str, float] = {}
     try:
         pid = workers.procs[0].pid
@@ -437,7 +473,7 @@ def measure_cpu(
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            system.enqueue_one(i)
+            system.enqueue_one(i, queue)
             if samples:
                 committed[str(i)] = time.monotonic()
             due += 1 / rate
@@ -606,7 +642,14 @@ def main(factory: Callable[[str], System]) -> None:
         elif args.metric == "delayed":
             result = measure_delayed(system, args.n)
         elif args.metric == "cpu":
-            result = measure_cpu(system, args.rate, args.seconds, args.samples)
+            result = measure_cpu(
+                system,
+                args.rate,
+                args.seconds,
+                args.samples,
+                concurrency=args.concurrency,
+                queue=args.queue,
+            )
         elif args.metric == "idle":
             result = measure_idle(system, args.seconds)
         elif args.metric == "startup_burst":

@@ -36,12 +36,12 @@ class DelayQ(System):
         call_command("migrate", verbosity=0)
         self.sql("CREATE TABLE bench_sink (id bigserial PRIMARY KEY, n bigint NOT NULL)")
 
-    def enqueue_one(self, i: int) -> None:
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
         from django_delayq import enqueue
 
         # Outside any atomic block enqueue() is its own transaction, as the
         # raw loop's INSERT is (autocommit).
-        enqueue("noop", {"i": i})
+        enqueue(queue, {"i": i})
 
     def enqueue_delayed(self, i: int, run_at: Any) -> None:
         from django_delayq import enqueue

@@ -35,13 +35,13 @@ class DjangoTasks(System):
 
         call_command("migrate", run_syncdb=True, verbosity=0)
 
-    def enqueue_one(self, i: int) -> None:
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
         from django.db import transaction
 
-        from benchmarks.peerapp.tasks import noop
+        from benchmarks.peerapp import tasks
 
         with transaction.atomic():
-            noop.enqueue(i)
+            getattr(tasks, queue).enqueue(i)
 
     def enqueue_delayed(self, i: int, run_at: Any) -> None:
         from django.db import transaction

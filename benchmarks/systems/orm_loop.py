@@ -44,14 +44,14 @@ class OrmLoop(System):
 
         call_command("migrate", run_syncdb=True, verbosity=0)
 
-    def enqueue_one(self, i: int) -> None:
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
         from django.db import transaction
         from django.utils import timezone
 
         from benchmarks.peerapp.models import Job
 
         with transaction.atomic():
-            Job.objects.create(queue="noop", payload={"i": i}, run_at=timezone.now())
+            Job.objects.create(queue=queue, payload={"i": i}, run_at=timezone.now())
 
     def enqueue_delayed(self, i: int, run_at: Any) -> None:
         from benchmarks.peerapp.models import Job
@@ -114,6 +114,8 @@ def _loop(queue: str) -> None:
                 probe.tick(job.payload.get("i"))
                 if queue == "write":
                     Sink.objects.create(n=job.pk)
+                elif queue == "sleep":
+                    time.sleep(0.001)
                 job.delete()
         if job is None:
             time.sleep(IDLE_SLEEP)

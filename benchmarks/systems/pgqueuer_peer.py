@@ -53,8 +53,8 @@ class PGQueuer(System):
         asyncio.run(go())
         self.sql("CREATE TABLE bench_sink (id bigserial PRIMARY KEY, n bigint NOT NULL)")
 
-    def enqueue_one(self, i: int) -> None:
-        self.queries.enqueue("noop", json.dumps({"i": i}).encode())
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
+        self.queries.enqueue(queue, json.dumps({"i": i}).encode())
 
     def enqueue_delayed(self, i: int, run_at: Any) -> None:
         import datetime as dt
@@ -120,6 +120,8 @@ async def _work(queue: str, concurrency: int, drain: bool = False) -> None:
         probe.tick(json.loads(job.payload or b"{}").get("i"))
         if queue == "write":
             sink.execute("INSERT INTO bench_sink (n) VALUES (%s)", (job.id,))
+        elif queue == "sleep":
+            await asyncio.sleep(0.001)
 
     probe.ready()
     mode = QueueExecutionMode.drain if drain else QueueExecutionMode.continuous

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import procrastinate
 import psycopg
@@ -23,6 +24,13 @@ _local = threading.local()
 @app.task(queue="noop", name="noop")
 def noop(i: int) -> None:
     probe.tick(i)
+
+
+@app.task(queue="sleep", name="sleep")
+def sleep(i: int) -> None:
+    """A job of 1 ms."""
+    probe.tick(i)
+    time.sleep(0.001)
 
 
 @app.task(queue="write", name="write")

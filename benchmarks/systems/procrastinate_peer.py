@@ -38,8 +38,8 @@ class Procrastinate(System):
         self.app.schema_manager.apply_schema()
         self.sql("CREATE TABLE bench_sink (id bigserial PRIMARY KEY, n bigint NOT NULL)")
 
-    def enqueue_one(self, i: int) -> None:
-        self.app.tasks["noop"].defer(i=i)
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
+        self.app.tasks[queue].defer(i=i)
 
     def enqueue_delayed(self, i: int, run_at: Any) -> None:
         self.app.tasks["noop"].configure(schedule_at=run_at).defer(i=i)

@@ -76,10 +76,10 @@ class Raw(System):
     def install(self) -> None:
         self.sql(SCHEMA)
 
-    def enqueue_one(self, i: int) -> None:
+    def enqueue_one(self, i: int, queue: str = "noop") -> None:
         # Autocommit: the INSERT is its own transaction.
         self.conn.execute(
-            "INSERT INTO raw_queue (queue, payload) VALUES (%s, %s)", ("noop", Jsonb({"i": i}))
+            "INSERT INTO raw_queue (queue, payload) VALUES (%s, %s)", (queue, Jsonb({"i": i}))
         )
 
     def enqueue_delayed(self, i: int, run_at: Any) -> None:

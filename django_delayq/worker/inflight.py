@@ -123,6 +123,7 @@ class Book:
         """Hold freshly claimed attempts; a stale attempt of the same row that has not
         started is dropped (its lease was lost: the row is this claim's now)."""
         with self.cond:
+            added = 0
             for item in items:
                 previous = self._newest.get(item.row_key)
                 if previous is not None and previous.phase is Phase.QUEUED:
@@ -131,7 +132,12 @@ class Book:
                 self._held.add(item)
                 item.lane.queued.append(item)
                 item.lane.held += 1
-            self.cond.notify_all()
+                added += 1
+            # One waiting executor per attempt, not all of them: every executor
+            # can take from every lane, so one that finds nothing it may take
+            # means none could (16 executors woken per claim cost more CPU than
+            # the claim).
+            self.cond.notify(added)
 
     def _drop_queued(self, item: InFlight) -> None:
         """Forget a queued attempt whose lease is lost: it must not run (``cond`` held)."""
@@ -277,17 +283,21 @@ class Book:
         Waking it after every message made it compete with the executors for
         the GIL.
         """
-        wake = False
+        wake = freed = False
         with self.cond:
             for item, result in results:
                 if item not in self._held:
                     continue  # taken meanwhile (time limit): counted there
+                freed = freed or item.lane_slot
                 self._free_slot(item)
                 self._forget(item)
                 self.stats[result] += 1
                 wake = wake or len(item.lane.queued) < wants(item.lane)
             wake = wake or (when_idle and not self._held)
-            self.cond.notify_all()
+            # No executor is woken as a rule: forgetting a settled attempt
+            # frees no slot (handler_done did, and its thread takes next).
+            if freed:
+                self.cond.notify_all()
         return wake
 
     def count(self, result: str, n: int = 1) -> None:

@@ -51,8 +51,10 @@ class Waker:
         # The due times notified that had not come when heard, earliest first
         # (a heap): see later().
         self._later: list[tuple[datetime, str]] = []
-        # The queues notified since the last wait began (with a due time).
+        # The queues notified since the last wait began (with a due time), and
+        # how many notifications for this worker's queues that wait read.
         self.notified: set[str] = set()
+        self.heard = 0
         self._using = using
         self._lost_at: float | None = None
         self.mode: Mode | None = None
@@ -93,6 +95,7 @@ class Waker:
         """
         self._maybe_relisten()
         self.notified = set()
+        self.heard = 0
         self.hint = None
         fds = [self._read_fd]
         if self._listener is not None and listen:
@@ -166,6 +169,7 @@ class Waker:
         except (ValueError, TypeError, KeyError):
             return
         self.notified.add(body["queue"])
+        self.heard += 1
         if self.hint is None or due < self.hint:
             self.hint = due
         if due > now:

@@ -107,10 +107,11 @@ DELAYQ = {
     "LEASE": 30,
     # Longest idle sleep; a worker wakes earlier when the next message is due.
     "POLL_INTERVAL": 2,
-    # Under a steady stream a worker claims at most once per this delay,
-    # taking everything that arrived meanwhile: less CPU per message, up to
-    # that much more pickup latency under load (an idle worker claims at
-    # once). None: claim for every notification at once.
+    # Where messages come densely (eight or more expected within this delay)
+    # a worker waits this long and claims them together: less CPU per
+    # message, up to that much more pickup latency at such rates. Sparser
+    # streams and an idle worker claim each notification at once. None:
+    # always at once.
     "CLAIM_DELAY": 0.025,
     # Attempts before a message is marked failed (a @handler may override).
     "MAX_ATTEMPTS": 3,

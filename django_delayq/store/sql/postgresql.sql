@@ -66,6 +66,18 @@ SELECT ins.* FROM ins LEFT JOIN wake ON true
 -- Wake idle workers (LISTEN); delivered when the transaction commits.
 SELECT pg_notify(%s, %s)
 
+-- name: claim
+-- The claim (common.sql's), committed without waiting for the write-ahead log
+-- to reach the disk: synchronous_commit is off for its own transaction only
+-- (set_config's is_local; through a transaction-mode pooler too). Under other
+-- writers that wait was most of an idle worker's pickup (claim 3.2 -> 1.6 ms).
+-- What a server crash can lose is the claim alone: its message is pending
+-- again and claimed anew, as after a lost lease. An outcome never depends on
+-- a lost claim: the log is flushed in order, so the acknowledgement's
+-- synchronous commit (and an atomic handler's writes with it) flushes the
+-- claim before it.
+{set}, {lock_token} = %s WHERE {pk} IN ({picked}) AND set_config('synchronous_commit', 'off', true) IS NOT NULL RETURNING {columns}
+
 -- name: row_estimate
 -- The planner's estimate of the table's rows (kept by autovacuum and ANALYZE).
 SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)
