@@ -107,7 +107,7 @@ DELAYQ = {
     "LEASE": 30,
     # Longest idle sleep; a worker wakes earlier when the next message is due.
     "POLL_INTERVAL": 2,
-    # Where messages come densely (eight or more expected within this delay)
+    # Where messages come densely (four or more expected within this delay)
     # a worker waits this long and claims them together: less CPU per
     # message, up to that much more pickup latency at such rates. Sparser
     # streams and an idle worker claim each notification at once. None:
