@@ -159,7 +159,8 @@ run_suite() {
   # and prepared statements): the core and the worker processes.
   log "core suite on PostgreSQL with prepared statements"
   DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
-    tests/unit tests/integration tests/store tests/process
+    tests/unit tests/integration tests/store tests/process \
+    --ignore=tests/integration/test_faults.py
   run_pgbouncer_suite "$pg_url"
   log "test suite on SQLite ($sqlite_url)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
@@ -175,12 +176,15 @@ run_suite() {
 # cron, locks (integration, store), real run_delayq processes and the short chaos
 # run, in about four minutes. Left out: tests/unit (no database), the admin and
 # the pipeline, the state machine's long random walk (one connection, the
-# statements integration covers) and the multi-process flow control runs (a
+# statements integration covers), the multi-process flow control runs (a
 # minute of waiting on rate windows; their claims run through the pool in
-# tests/integration).
+# tests/integration) and the fault injection at every call site of the worker
+# (tests/integration/test_faults.py: the PostgreSQL leg's; through a pooler it
+# would test nothing more).
 PGBOUNCER_TESTS=(
   tests/integration tests/store tests/process tests/chaos
   --ignore=tests/store/test_state_machine.py --ignore=tests/process/test_flow_control.py
+  --ignore=tests/integration/test_faults.py
 )
 
 run_pgbouncer_suite() {
