@@ -293,6 +293,27 @@ def _ending(model: type[Model], changes: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _lease_until(model: type[Model], expiry: Expression) -> Expression:
+    """A lease ending at ``expiry``, written so that a waiting newer version keeps its time.
+
+    ``next_attempt_time`` is when a row may next be claimed. While a newer
+    version waits (``superseded_at``), that is the later of the lease and the
+    new version's due time (``scheduled_time``, as enqueue's update wrote it):
+    an extension must not pull it back to the lease alone, or a worker killed
+    after it would have the new version run as soon as the lease lapsed.
+    """
+    if not has_column(model, "superseded_at"):
+        return expiry
+    return Case(
+        When(
+            Q(superseded_at__isnull=False, scheduled_time__gt=expiry),
+            then=F("scheduled_time"),
+        ),
+        default=expiry,
+        output_field=_field(model, "next_attempt_time"),
+    )
+
+
 def _as_expression(value: Any, field: Field[Any, Any]) -> Any:
     return value if hasattr(value, "resolve_expression") else Value(value, output_field=field)
 
@@ -866,7 +887,10 @@ def extend(
     Rows locked by another transaction are skipped rather than waited for,
     so the lease keeper never stalls behind an open transaction.
     """
-    changes = {"next_attempt_time": clock.sql_now_plus(lease), "updated_at": clock.sql_now()}
+    changes = {
+        "next_attempt_time": _lease_until(model, clock.sql_now_plus(lease)),
+        "updated_at": clock.sql_now(),
+    }
     return set(
         _update_held(
             ids,

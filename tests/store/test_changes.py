@@ -21,10 +21,10 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_delayq import clock, enqueue
+from django_delayq import clock, enqueue, enqueue_many
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
-from django_delayq.store import changes, sql
+from django_delayq.store import changes, queries, sql
 from tests.conftest import FakeClock, finishes_within
 from tests.store.tables import LEASE, Table, at, can, subset
 from tests.testapp.models import Shipment
@@ -250,12 +250,67 @@ def test_claim_of_a_superseded_row_starts_the_new_versions_first_attempt(
     fake_clock: FakeClock,
 ) -> None:
     pk = superseded_message(fake_clock)
-    fake_clock.advance(LEASE.total_seconds())
+    fake_clock.current = MESSAGE.state(pk)["scheduled_time"]  # the lease ran out long before
     claimed = MESSAGE.claim()
     assert [m.pk for m in claimed.messages] == [pk]
     state = MESSAGE.state(pk)
     assert (state["attempt_count"], state["superseded_at"]) == (1, None)
     assert state["payload"] == {"v": 2}
+
+
+HOUR = timedelta(hours=1)
+
+
+def _update_to_an_hour_later(how: str) -> None:
+    if how == "enqueue":
+        enqueue("q", {"v": 2}, key="k", delay=HOUR, on_conflict="update")
+    else:
+        (result,) = enqueue_many("q", [{"v": 2}], keys=["k"], delay=HOUR, on_conflict="update")
+        assert result.outcome == "updated"
+
+
+@pytest.mark.parametrize("how", ["enqueue", "enqueue_many"])
+def test_a_lapsed_lease_does_not_run_the_newer_version_before_its_due_time(
+    how: str, fake_clock: FakeClock
+) -> None:
+    """The worker running version 1 is killed; its lease lapses long before version 2
+    is due. The claim must wait for version 2's own time, as every other way out of
+    the attempt (an outcome, a shutdown, a dead worker's release) does."""
+    pk = enqueue("q", {"v": 1}, key="k").message.pk
+    assert [m.pk for m in MESSAGE.claim(lease=timedelta(seconds=5)).messages] == [pk]
+    fake_clock.advance(1)
+    _update_to_an_hour_later(how)
+    due = clock.now() + HOUR
+    fake_clock.advance(10)  # the lease has lapsed (the worker was SIGKILLed)
+
+    assert MESSAGE.claim().messages == []
+    # An idle worker sleeps until then rather than waking for the lapsed lease.
+    assert queries.next_due(Message, ["q"], using="default") == due
+    fake_clock.current = due - timedelta(microseconds=1)
+    assert MESSAGE.claim().messages == []
+
+    fake_clock.current = due
+    claimed = MESSAGE.claim()
+    assert [m.pk for m in claimed.messages] == [pk]
+    state = MESSAGE.state(pk)
+    assert (state["payload"], state["attempt_count"], state["superseded_at"]) == (
+        {"v": 2},
+        1,
+        None,
+    )
+
+
+def test_an_update_sooner_than_the_lease_keeps_the_running_attempts_lease(
+    fake_clock: FakeClock,
+) -> None:
+    pk = enqueue("q", {"v": 1}, key="k").message.pk
+    lease_end = MESSAGE.claim().messages[0].next_attempt_time
+    enqueue("q", {"v": 2}, key="k", on_conflict="update")  # due now: after the attempt
+    assert MESSAGE.state(pk)["next_attempt_time"] == lease_end
+    fake_clock.current = lease_end - timedelta(microseconds=1)
+    assert MESSAGE.claim().messages == []
+    fake_clock.current = lease_end
+    assert [m.pk for m in MESSAGE.claim().messages] == [pk]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -577,6 +632,22 @@ def test_extending_a_superseded_attempt_keeps_the_new_version_waiting(
     state = MESSAGE.state(pk)
     assert (state["status"], state["superseded_at"]) == ("running", before["superseded_at"])
     assert state["next_attempt_time"] == now + EXTENDED
+
+
+def test_extending_a_superseded_attempt_never_brings_the_new_version_forward(
+    fake_clock: FakeClock,
+) -> None:
+    """A lease shorter than the wait for the new version: the keeper's extension must
+    leave the row claimable at the new version's time, not when the lease ends."""
+    pk = superseded_message(fake_clock)
+    before = MESSAGE.state(pk)
+    fake_clock.advance(1)
+    assert changes.extend([pk], before["lock_token"], timedelta(seconds=5)) == {pk}
+    assert MESSAGE.state(pk)["next_attempt_time"] == before["scheduled_time"]
+    fake_clock.advance(10)  # the worker died after the extension
+    assert MESSAGE.claim().messages == []
+    fake_clock.current = before["scheduled_time"]
+    assert [m.pk for m in MESSAGE.claim().messages] == [pk]
 
 
 def test_releasing_a_dead_workers_superseded_row_leaves_the_new_version_due(
