@@ -21,7 +21,7 @@ those the table has.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -53,7 +53,7 @@ from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
-from django_delayq.flow import failure_blocks
+from django_delayq.flow import continuing_queues, failure_blocks
 from django_delayq.models import Message
 from django_delayq.routers import model_alias
 from django_delayq.status import ACTIVE, FINISHED, Status
@@ -65,6 +65,12 @@ from django_delayq.store.sql import statement
 # Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
 # instead of sorting every due row (adding "id" here forces that sort).
 CLAIM_ORDER = ("-priority", "next_attempt_time")
+
+# The most values of a list that can grow without bound (ids, groups) one
+# statement binds: every database limits a statement's parameters (65,535 on
+# PostgreSQL with server-side binding, 32,766 on SQLite since 3.32 and 999
+# before, MariaDB's packet size), so longer lists go in batches of this many.
+IN_BATCH = 500
 
 
 def _db(using: str | None, model: type[Model] = Message) -> str:
@@ -105,6 +111,12 @@ def _quoted(model: type[Model], connection: Any, *names: str) -> dict[str, str]:
 
 
 _quoted_names: dict[tuple[Any, ...], dict[str, str]] = {}
+
+
+def batches(values: Sequence[Any], size: int = IN_BATCH) -> Iterable[list[Any]]:
+    """``values`` in consecutive lists of at most ``size`` (see ``IN_BATCH``)."""
+    for start in range(0, len(values), size):
+        yield list(values[start : start + size])
 
 
 # -- claim ------------------------------------------------------------------------
@@ -392,9 +404,19 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
 # sweep of every group now and then, for what a crash left undone).
 
 
-def _blockers(queues: Collection[str]) -> Q:
+def _blockers(queues: Collection[str] | None) -> Q:
     """The statuses of an earlier message that keep a later one of its group waiting,
-    for messages of ``queues`` (failed ones only where the queue blocks on failure)."""
+    for messages of ``queues`` (failed ones only where the queue blocks on failure).
+
+    ``None``: of every queue, judged by the configuration (the queues that go
+    on after a failure are the configured ones), so that the condition names
+    no more queues than the settings do, however many the table holds.
+    """
+    if queues is None:
+        continuing = continuing_queues()
+        if not continuing:
+            return Q(status__in=[*ACTIVE, Status.FAILED])
+        return Q(status__in=ACTIVE) | (Q(status=Status.FAILED) & ~Q(queue__in=continuing))
     blocking = [q for q in queues if failure_blocks(q)]
     if len(blocking) == len(queues) and queues:
         return Q(status__in=[*ACTIVE, Status.FAILED])
@@ -472,10 +494,14 @@ def hold_back(messages: Mapping[Any, Any], *, using: str) -> set[Any]:
         return set()
     queues = {m.queue for m in messages.values()}
     earlier = _of_its_group(Message).filter(_blockers(queues), pk__lt=OuterRef("pk"))
-    rows = Message._base_manager.using(using).filter(pk__in=list(messages), status=Status.PENDING)
-    held = set(rows.filter(Exists(earlier)).values_list("pk", flat=True))
-    if held:
-        Message._base_manager.using(using).filter(pk__in=held).update(next_attempt_time=None)
+    held: set[Any] = set()
+    rows = Message._base_manager.using(using)
+    for ids in batches(list(messages)):
+        pending = rows.filter(pk__in=ids, status=Status.PENDING)
+        found = list(pending.filter(Exists(earlier)).values_list("pk", flat=True))
+        if found:
+            rows.filter(pk__in=found).update(next_attempt_time=None)
+            held.update(found)
     return held
 
 
@@ -518,36 +544,71 @@ def release_groups(
     next message is the group's first that may still run or block; if it is
     held, it becomes due at its scheduled time (or now, if that has passed).
     Returns how many messages were let go.
+
+    No statement binds more than ``IN_BATCH`` groups or ids: the first
+    messages of the groups are found per queue (or for every queue) by one
+    aggregate, and changed by id in batches. The first message of every
+    blocked group as one list of parameters failed for ever beyond 65,535
+    groups on PostgreSQL with server-side binding (32,766 on SQLite), and the
+    held messages a crash had left behind were never let go.
     """
     alias = _db(using)
-    rows = Message._base_manager.using(alias).exclude(group="")
+    if groups is None:
+        return _release_held(alias, None, None)
+    by_queue: dict[str, set[str]] = {}
+    for queue, group in groups:
+        by_queue.setdefault(queue, set()).add(group)
+    released = 0
+    for queue, names in sorted(by_queue.items()):
+        # More groups than a statement should name: the whole queue's groups
+        # in one statement (letting go a group nobody named is the sweep's
+        # work anyway, done early) rather than a statement per batch.
+        chosen = sorted(names) if len(names) <= IN_BATCH else None
+        released += _release_held(alias, queue, chosen)
+    return released
+
+
+def _release_held(alias: str, queue: str | None, groups: Sequence[str] | None) -> int:
+    """Let go the held messages of ``groups`` of ``queue`` that no earlier message of
+    their group holds back, and wake their queues' workers. ``groups`` None: every
+    group of ``queue``; ``queue`` None: of every queue.
+
+    A group's first message is the lowest id among those that may still run
+    or block, and it is held if it is also the lowest held id: one aggregate
+    over the groups' range of ``delayq_group_idx`` returns only the firsts
+    that are held, with no join (a join of the held messages with the
+    groups' firsts, or a probe per held message, was planned as a nested
+    loop that went quadratic on a table the planner had no statistics for).
+    They are then changed by id, ``IN_BATCH`` at a time (MariaDB/MySQL
+    cannot update a table with a subquery on itself); the change repeats the
+    held condition, so a message let go meanwhile is not changed twice.
+    """
+    rows = Message._base_manager.using(alias)
+    grouped = rows.exclude(group="")
+    if queue is not None:
+        grouped = grouped.filter(queue=queue)
     if groups is not None:
-        if not groups:
-            return 0
-        pairs = Q()
-        for queue, group in groups:
-            pairs |= Q(queue=queue, group=group)
-        rows = rows.filter(pairs)
-        queues: Collection[str] = {q for q, _ in groups}
-    else:
-        queues = list(rows.filter(status__in=ACTIVE).values_list("queue", flat=True).distinct())
-    heads = (
-        rows.filter(_blockers(queues))
+        grouped = grouped.filter(group__in=list(groups))
+    held = Q(status=Status.PENDING, next_attempt_time__isnull=True)
+    firsts = (
+        grouped.filter(_blockers(None if queue is None else [queue]))
         .order_by()
         .values("queue", "group")
-        .annotate(head=Min("pk"))
-        .values_list("queue", "head")
+        .annotate(head=Min("pk"), first_held=Min("pk", filter=held))
+        .filter(head=F("first_held"))
+        .values_list("head", "queue")
     )
-    first = list(heads)
-    if not first:
+    free = list(firsts)
+    if not free:
         return 0
     now = clock.sql_now()
-    held = Message._base_manager.using(alias).filter(
-        pk__in=[pk for _, pk in first], status=Status.PENDING, next_attempt_time__isnull=True
-    )
-    released = held.update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
+    released = 0
+    for chunk in batches([pk for pk, _ in free]):
+        released += rows.filter(
+            pk__in=chunk, status=Status.PENDING, next_attempt_time__isnull=True
+        ).update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
     if released:
-        wake({queue for queue, _ in first}, using=alias)
+        wake({q for _, q in free}, using=alias)
     return released
 
 
@@ -1101,18 +1162,21 @@ def prune(
 
     Deletes go in bounded batches by primary key, so pruning a large backlog
     never holds long locks or one huge transaction on a table workers claim
-    from (``delayq_finished_idx`` finds them).
+    from (``delayq_finished_idx`` finds them). A batch larger than a
+    statement binds (``PRUNE_BATCH_SIZE`` is any positive number) is deleted
+    ``IN_BATCH`` ids at a time, in one transaction.
     """
     alias = _db(using)
     expired = Message.objects.using(alias).in_queues(queues).expired(cutoff)
-    total = batches = 0
-    while max_batches is None or batches < max_batches:
+    total = rounds = 0
+    while max_batches is None or rounds < max_batches:
         ids = list(expired.order_by().values_list("id", flat=True)[:batch_size])
         if not ids:
             break
-        deleted, _ = expired.filter(id__in=ids).delete()
-        total += deleted
-        batches += 1
+        with transaction.atomic(using=alias):
+            for chunk in batches(ids):
+                total += expired.filter(id__in=chunk).delete()[0]
+        rounds += 1
     return total
 
 
@@ -1139,20 +1203,20 @@ def delete_ticks(ids: Collection[int], *, using: str) -> int:
     """
     if not ids:
         return 0
-    return Message.objects.using(using).untouched().filter(id__in=list(ids)).delete()[0]
+    rows = Message.objects.using(using).untouched()
+    with transaction.atomic(using=using):
+        return sum(rows.filter(id__in=chunk).delete()[0] for chunk in batches(list(ids)))
 
 
 def cancel_ticks(ids: Collection[int], *, reason: str, now: datetime, using: str) -> int:
     """Cancel cron ticks that are still pending and were never attempted (missed ticks)."""
-    return (
-        Message.objects.using(using)
-        .untouched()
-        .filter(id__in=list(ids))
-        .update(
-            status=Status.CANCELLED,
-            next_attempt_time=None,
-            finished_at=now,
-            updated_at=now,
-            last_error=reason,
-        )
-    )
+    rows = Message.objects.using(using).untouched()
+    changes = {
+        "status": Status.CANCELLED,
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": reason,
+    }
+    with transaction.atomic(using=using):
+        return sum(rows.filter(id__in=chunk).update(**changes) for chunk in batches(list(ids)))

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
 from django_delayq.store import changes, queries, sql
 from tests.conftest import FakeClock, finishes_within
-from tests.store.tables import LEASE, Table, at, can, subset
+from tests.store.tables import LEASE, Table, analyze, at, can, copies, subset
 from tests.testapp.models import Shipment
 
 pytestmark = pytest.mark.django_db
@@ -1405,6 +1406,138 @@ def test_release_groups_without_groups_sweeps_every_group(fake_clock: FakeClock)
     assert MESSAGE.state(blocked)["status"] == "failed"
     # A held message whose time has passed becomes due now.
     assert Message.objects.filter(group="a", status="pending").get().next_attempt_time == at(0)
+
+
+# More groups than a statement takes parameters: 65,535 on PostgreSQL with
+# server-side binding (DELAYQ_TEST_PREPARED=1), 32,766 on SQLite; MariaDB's
+# bound is its packet (megabytes), so there a few batches' worth checks the
+# same code.
+MANY_GROUPS = {"postgresql": 65_536, "sqlite": 32_767}.get(connection.vendor, 1_500)
+SQLITE_DEFAULT_VARIABLES = 32_766
+
+
+@pytest.fixture
+def parameter_limit() -> Any:
+    """SQLite's default cap on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER),
+    whatever the build of the library at hand (Debian's allows 250,000)."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    import sqlite3
+
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, SQLITE_DEFAULT_VARIABLES)
+    yield
+    raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+
+
+def test_release_groups_lets_go_past_more_groups_than_a_statement_takes_parameters(
+    fake_clock: FakeClock, parameter_limit: None
+) -> None:
+    """Every blocked group's first message once went into one ``pk IN (...)``: beyond
+    the parameter limit the sweep failed at every turn, and held messages whose
+    release a crash had missed were never let go."""
+    blocked = MESSAGE.add(key="bf0", group="b0", status="failed", due=None)
+    copies(blocked, MANY_GROUPS, key="bf", group="b")
+    behind = MESSAGE.add(key="bh0", group="b0", due=None)
+    copies(behind, MANY_GROUPS, key="bh", group="b")
+    # Groups whose first message is done: their held one (more than a batch) goes on.
+    done = MESSAGE.add(key="rs0", group="r0", status="succeeded", due=None)
+    copies(done, 1_000, key="rs", group="r")
+    held = MESSAGE.add(key="rh0", group="r0", due=None, scheduled_time=at(-5))
+    copies(held, 1_000, key="rh", group="r")
+    analyze()
+    freed = 1_001
+
+    def due(prefix: str) -> int:
+        return Message.objects.filter(key__startswith=prefix, next_attempt_time=at(0)).count()
+
+    assert changes.release_groups() == freed
+    assert (due("rh"), due("bh")) == (freed, 0)
+    assert changes.release_groups() == 0
+
+    Message.objects.filter(key__startswith="rh").update(next_attempt_time=None)
+    pairs = {("q", f"b{i}") for i in range(MANY_GROUPS + 1)}
+    pairs |= {("q", f"r{i}") for i in range(freed)}
+    assert changes.release_groups(pairs) == freed
+    assert (due("rh"), due("bh")) == (freed, 0)
+
+
+def test_hold_back_looks_at_more_messages_than_a_statement_takes_parameters(
+    parameter_limit: None,
+) -> None:
+    """``enqueue_many`` of that many grouped messages hands them all to hold_back.
+
+    Each of the many is the first of its group, in a queue of its own: on
+    SQLite the probe for an earlier message reads its queue's rows (it
+    cannot use the partial group index with bound values), and one queue of
+    all of them would make this test quadratic.
+    """
+    blocked = MESSAGE.add(key="f0", group="g0", status="failed", due=None)
+    behind = {MESSAGE.add(key=f"h{i}", group="g0") for i in range(3)}
+    first = MESSAGE.add(key="n0", group="n0", queue="n0")
+    copies(first, MANY_GROUPS, key="n", group="n", queue="n")
+    analyze()
+    written = {
+        pk: SimpleNamespace(queue=queue)
+        for pk, queue in Message.objects.exclude(pk=blocked).values_list("pk", "queue")
+    }
+    assert len(written) > MANY_GROUPS
+    assert changes.hold_back(written, using="default") == behind
+    held = Message.objects.filter(next_attempt_time__isnull=True, status="pending")
+    assert set(held.values_list("pk", flat=True)) == behind
+
+
+# Every change given a list that can grow without bound, with more values
+# than a statement binds (the list is a queryset's ids, or a batch size);
+# hold_back has a test of its own above, one queue per message.
+BOUNDLESS: dict[str, Callable[[list[int]], int]] = {
+    "delete_ticks": lambda ids: changes.delete_ticks(ids, using="default"),
+    "cancel_ticks": lambda ids: changes.cancel_ticks(
+        ids, reason="Missed", now=clock.now(), using="default"
+    ),
+    "prune": lambda ids: changes.prune(at(1), batch_size=len(ids) + 10),
+    "release_groups": lambda ids: changes.release_groups({("q", f"g{i}") for i in range(len(ids))}),
+}
+
+
+@pytest.mark.parametrize("name", BOUNDLESS)
+def test_no_change_binds_a_parameter_per_value_of_an_unbounded_list(
+    name: str, fake_clock: FakeClock, parameter_limit: None
+) -> None:
+    finished = name == "prune"
+    template = MESSAGE.add(
+        key="m0",
+        group="g0",
+        due=None if finished else at(60),
+        status="succeeded" if finished else "pending",
+        finished_at=at(-1) if finished else None,
+    )
+    copies(template, MANY_GROUPS, key="m", group="g")
+    analyze()
+    ids = list(Message.objects.values_list("pk", flat=True))
+    assert len(ids) > MANY_GROUPS
+    done = BOUNDLESS[name](ids)
+    left = Message.objects.count()
+    assert (done, left) == {
+        "delete_ticks": (len(ids), 0),
+        "cancel_ticks": (len(ids), len(ids)),
+        "prune": (len(ids), 0),
+        "release_groups": (0, len(ids)),
+    }[name]
+    if name == "cancel_ticks":
+        assert not Message.objects.exclude(status="cancelled").exists()
+
+
+def test_batches_cuts_a_list_into_consecutive_lists_of_at_most_its_size() -> None:
+    assert list(changes.batches([1, 2, 3, 4, 5], 2)) == [[1, 2], [3, 4], [5]]
+    assert list(changes.batches([], 2)) == []
+    assert [len(b) for b in changes.batches(list(range(1001)))] == [
+        changes.IN_BATCH,
+        changes.IN_BATCH,
+        1001 - 2 * changes.IN_BATCH,
+    ]
 
 
 def test_groups_of_names_the_groups_of_a_selection() -> None:
