@@ -1540,6 +1540,18 @@ def test_batches_cuts_a_list_into_consecutive_lists_of_at_most_its_size() -> Non
     ]
 
 
+def test_the_sweep_lets_groups_go_on_past_a_failure_only_where_their_queue_says_so(
+    settings: Any, fake_clock: FakeClock
+) -> None:
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"c": {"GROUP_AFTER_FAILURE": "continue"}}}
+    for queue in ("q", "c"):
+        MESSAGE.add(queue=queue, group="g", status="failed", due=None)
+        MESSAGE.add(queue=queue, group="g", due=None, key=f"behind-{queue}")
+    assert changes.release_groups() == 1
+    released = Message.objects.filter(next_attempt_time__isnull=False, status="pending")
+    assert list(released.values_list("key", flat=True)) == ["behind-c"]
+
+
 def test_groups_of_names_the_groups_of_a_selection() -> None:
     MESSAGE.add(group="g")
     MESSAGE.add(group="g")
