@@ -1208,6 +1208,28 @@ def delete_ticks(ids: Collection[int], *, using: str) -> int:
         return sum(rows.filter(id__in=chunk).delete()[0] for chunk in batches(list(ids)))
 
 
+def miss_tick(message_id: int, token: uuid.UUID, *, reason: str, using: str) -> int:
+    """Cancel a cron tick a worker claimed past its grace, instead of running it;
+    returns 1 if it was still held under ``token``.
+
+    It ends as :func:`cancel_ticks` leaves a missed tick: never attempted
+    (the claim's attempt is given back, and its start time, which was this
+    claim's), so the schedule's last run stays the last one that ran.
+    """
+    now = clock.sql_now()
+    changes = {
+        "status": Status.CANCELLED,
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": reason,
+        "lock_token": None,
+        "attempt_count": 0,
+        "last_attempt_time": None,
+    }
+    return int(_update_held([message_id], token, changes, using=using, model=Message))
+
+
 def cancel_ticks(ids: Collection[int], *, reason: str, now: datetime, using: str) -> int:
     """Cancel cron ticks that are still pending and were never attempted (missed ticks)."""
     rows = Message.objects.using(using).untouched()

@@ -1220,6 +1220,34 @@ def test_cancel_ticks_cancels_only_pending_never_attempted_rows(
     assert changes.cancel_ticks([], reason="missed", now=now, using="default") == 0
 
 
+def test_miss_tick_cancels_a_claimed_tick_as_if_never_attempted(
+    ticks: dict[str, int], fake_clock: FakeClock
+) -> None:
+    pk = ticks["running"]
+    token = MESSAGE.state(pk)["lock_token"]
+    now = fake_clock.advance(1)
+    assert changes.miss_tick(pk, uuid.uuid4(), reason="missed", using="default") == 0
+    before = MESSAGE.states()
+
+    assert changes.miss_tick(pk, token, reason="missed", using="default") == 1
+
+    expected = {
+        "status": "cancelled",
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": "missed",
+        "lock_token": None,
+        "attempt_count": 0,
+        "last_attempt_time": None,
+    }
+    assert subset(MESSAGE.state(pk), expected) == expected
+    after = MESSAGE.states()
+    del after[pk], before[pk]
+    assert after == before
+    assert changes.miss_tick(pk, token, reason="missed", using="default") == 0
+
+
 # -- ordered groups: group_clear, hold_back, release_groups, groups_of -----------------------
 
 
