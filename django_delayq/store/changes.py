@@ -54,7 +54,7 @@ from django.db.models.sql.subqueries import UpdateQuery
 from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
 from django_delayq.flow import continuing_queues, failure_blocks
-from django_delayq.models import Message
+from django_delayq.models import Message, QueueColumns
 from django_delayq.routers import model_alias
 from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.features import features
@@ -1069,12 +1069,19 @@ def delete(rows: QuerySet[Any]) -> int:
     return per_model.get(rows.model._meta.label, 0)
 
 
-def edit(message: Message, fields: Collection[str], *, using: str | None = None) -> None:
+def edit(message: Model, fields: Collection[str], *, using: str | None = None) -> None:
     """Write an operator's edit of a message's content (not its state), and only those columns,
-    so a concurrent worker's changes are kept."""
+    so a concurrent worker's changes are kept.
+
+    ``message``: a ``Message``, or a row of a ``QueueFields`` model (the
+    admin's change form of either).
+    """
     if fields:
-        message.updated_at = clock.now()
-        message.save(using=using, update_fields=[*fields, "updated_at"])
+        written = list(fields)
+        if has_column(type(message), "updated_at"):
+            message.updated_at = clock.now()  # type: ignore[attr-defined]
+            written.append("updated_at")
+        message.save(using=using, update_fields=written)
 
 
 def replace_failed_payload(message_id: int, payload: Any, *, using: str) -> bool:
@@ -1124,18 +1131,30 @@ def schedule(rows: QuerySet[Any], when: datetime) -> int:
 
 
 def mark_scheduled(row: Model, when: datetime) -> None:
-    """Set a row's queue columns to "queued at ``when``", for the caller's own save."""
+    """Set a row's queue columns to "queued at ``when``", for the caller's own save
+    (which then writes them: see :func:`plain_save_fields`)."""
+    marked = row.__dict__.setdefault(_MARKED, set())
+    marked.update(_set_scheduled(row, when))
+
+
+def _set_scheduled(row: Model, when: datetime) -> list[str]:
+    """Set a row's queue columns to "queued at ``when``" in memory; their names."""
+    changed = list(_scheduled(when))
     if getattr(row, "status", None) in FINISHED:
         row.attempt_count, row.last_error, row.last_traceback = 0, "", ""  # type: ignore[attr-defined]
+        changed += ["attempt_count", "last_error", "last_traceback"]
     for name, value in _scheduled(when).items():
         setattr(row, name, value)
+    return changed
 
 
 def schedule_row(row: Model, when: datetime, *, using: str) -> bool:
     """Queue one row at ``when``; False if a worker holds it (or it is gone).
 
     A new row is saved whole; an existing one gets only the queue columns,
-    with the same condition as :func:`schedule`.
+    with the same condition as :func:`schedule` (the row in memory then shows
+    them, but a later plain save does not write them again: a worker may have
+    claimed it by then).
     """
     if row._state.adding:
         mark_scheduled(row, when)
@@ -1143,8 +1162,43 @@ def schedule_row(row: Model, when: datetime, *, using: str) -> bool:
         return True
     if not schedule(type(row)._base_manager.using(using).filter(pk=row.pk), when):
         return False
-    mark_scheduled(row, when)
+    _set_scheduled(row, when)
     return True
+
+
+# The attribute of a row naming the queue columns its caller's own save is to
+# write (mark_scheduled).
+_MARKED = "_delayq_queue_columns_to_save"
+
+#: The columns of ``models.QueueColumns``: a row's place in the queue, written by
+#: the store alone (a ``QueueFields`` row's plain ``save()`` leaves them out).
+QUEUE_COLUMN_NAMES = frozenset(f.name for f in QueueColumns._meta.fields)
+
+
+def plain_save_fields(row: Model) -> list[str]:
+    """What a plain ``save()`` of an existing ``QueueFields`` row writes: its loaded
+    columns but the queue columns (``QUEUE_COLUMN_NAMES``).
+
+    The row in memory holds the queue columns as they were when it was
+    loaded; a worker may have claimed or settled it since, and writing them
+    back would undo that (the claim's token cleared, so its outcome is lost;
+    a finished row running again). The queue columns that
+    :func:`mark_scheduled` set for the caller's own save are written.
+    """
+    marked = row.__dict__.get(_MARKED, set())
+    deferred = row.get_deferred_fields()
+    return [
+        field.name
+        for field in type(row)._meta.concrete_fields
+        if not field.primary_key
+        and field.attname not in deferred
+        and (field.name not in QUEUE_COLUMN_NAMES or field.name in marked)
+    ]
+
+
+def saved(row: Model) -> None:
+    """The row was saved: what :func:`mark_scheduled` set is written."""
+    row.__dict__.pop(_MARKED, None)
 
 
 # -- retention and cron -------------------------------------------------------------

@@ -1063,6 +1063,30 @@ def test_mark_scheduled_restarts_a_finished_row_and_keeps_an_active_rows_attempt
     assert finished.pk is None  # nothing was saved
 
 
+OWN_COLUMNS = ["reference", "priority", "fail", "sleep", "shipped_at"]
+
+
+def test_plain_save_fields_are_a_rows_own_loaded_columns_and_what_was_marked_for_it() -> None:
+    pk = SHIPMENT.add()
+    row = Shipment.objects.get(pk=pk)
+    assert changes.plain_save_fields(row) == OWN_COLUMNS
+    assert changes.plain_save_fields(Shipment.objects.defer("sleep").get(pk=pk)) == [
+        c for c in OWN_COLUMNS if c != "sleep"
+    ]
+    changes.mark_scheduled(row, at(5))
+    marked = changes.plain_save_fields(row)
+    assert set(marked) == {*OWN_COLUMNS, "status", "next_attempt_time", "lock_token", "locked_by"}
+    changes.saved(row)
+    assert changes.plain_save_fields(row) == OWN_COLUMNS
+    row.status = "failed"
+    changes.mark_scheduled(row, at(5))  # a finished row: its attempts start again
+    assert {"attempt_count", "last_error", "last_traceback"} <= set(changes.plain_save_fields(row))
+    assert set(changes.QUEUE_COLUMN_NAMES) == {f.name for f in Shipment._meta.concrete_fields} - {
+        "id",
+        *OWN_COLUMNS,
+    }
+
+
 # -- prune -------------------------------------------------------------------------------
 
 
