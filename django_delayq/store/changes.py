@@ -52,6 +52,7 @@ from django.db.models.functions import Greatest
 from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
+from django_delayq.exceptions import DelayQError
 from django_delayq.fingerprint import fingerprint
 from django_delayq.flow import continuing_queues, failure_blocks
 from django_delayq.models import Message, QueueColumns
@@ -1069,19 +1070,45 @@ def delete(rows: QuerySet[Any]) -> int:
     return per_model.get(rows.model._meta.label, 0)
 
 
+#: The columns that choose a message's handler and the limits it counts against
+#: (a global concurrency cap counts the running messages of a queue, or of a
+#: queue and kind): a running message's must not change under its worker.
+SCOPE_COLUMNS = frozenset({"queue", "kind"})
+
+
+class EditRefused(DelayQError):
+    """An edit of :data:`SCOPE_COLUMNS` of a message that is running (or gone)."""
+
+
 def edit(message: Model, fields: Collection[str], *, using: str | None = None) -> None:
     """Write an operator's edit of a message's content (not its state), and only those columns,
     so a concurrent worker's changes are kept.
 
     ``message``: a ``Message``, or a row of a ``QueueFields`` model (the
-    admin's change form of either).
+    admin's change form of either). An edit of its ``SCOPE_COLUMNS`` is one
+    ``UPDATE`` that leaves a running message alone, and raises
+    :class:`EditRefused` then, writing nothing: moved to another kind while
+    it runs, a message would leave its kind's global concurrency cap a place
+    free while its handler still runs (and take one in the other's), so the
+    cap could be exceeded.
     """
-    if fields:
-        written = list(fields)
-        if has_column(type(message), "updated_at"):
-            message.updated_at = clock.now()  # type: ignore[attr-defined]
-            written.append("updated_at")
+    if not fields:
+        return
+    written = list(fields)
+    if has_column(type(message), "updated_at"):
+        message.updated_at = clock.now()  # type: ignore[attr-defined]
+        written.append("updated_at")
+    if not SCOPE_COLUMNS & set(fields):
         message.save(using=using, update_fields=written)
+        return
+    alias = using or message._state.db or _db(None, type(message))
+    rows = type(message)._base_manager.using(alias).filter(pk=message.pk)
+    values = {name: getattr(message, name) for name in written}
+    if not rows.exclude(status=Status.RUNNING).update(**values):
+        raise EditRefused(
+            f"message {message.pk} is running (or was deleted): its "
+            f"{' and '.join(sorted(SCOPE_COLUMNS & set(fields)))} cannot change while it runs"
+        )
 
 
 def replace_failed_payload(message_id: int, payload: Any, *, using: str) -> bool:

@@ -299,3 +299,24 @@ def test_a_lanes_hold_is_the_databases_wait_on_any_host_clock(
     claims._drained.discard(id(lane))
     assert claims.claim_round() == 0  # the window is still full
     assert lane.wake_at - host.now() == start + parsed.period - fake_clock()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: enqueue(on_conflict='update') of a running message writes the new "
+    "version's kind at once (the running attempt then counts under that kind's cap); "
+    "keeping the attempt's kind until it ends needs a column for the waiting version's",
+)
+def test_an_update_of_a_running_message_keeps_it_under_its_kinds_cap(fake_clock):
+    for key in ("first", "second"):
+        enqueue("orders", {}, key=key, kind="export")
+    cap = Scope("orders", "export", cap=1)
+
+    def claim():
+        return claim_limited(
+            ["orders"], 5, [cap], worker="w", lease=timedelta(seconds=30), kinds=(["export"], True)
+        ).claim.messages
+
+    (running,) = claim()
+    enqueue("orders", {"v": 2}, key=running.key, kind="report", on_conflict="update")
+    assert claim() == []

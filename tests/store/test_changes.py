@@ -952,6 +952,30 @@ def test_edit_writes_only_the_named_columns(fake_clock: FakeClock) -> None:
     assert MESSAGE.state(pk) == before
 
 
+@pytest.mark.parametrize("status", ["pending", "running", "failed"])
+def test_edit_of_what_chooses_the_handler_leaves_a_running_message_alone(
+    status: str, fake_clock: FakeClock
+) -> None:
+    """Moved to another kind while it runs, a message would free a place under its
+    kind's global concurrency cap while its handler still runs."""
+    pk = MESSAGE.add(status=status, kind="old", priority=1)
+    message = Message.objects.get(pk=pk)
+    message.kind, message.priority = "new", 5
+    before = MESSAGE.state(pk)
+    now = fake_clock.advance(1)
+    if status == "running":
+        with pytest.raises(changes.EditRefused, match="kind cannot change while it runs"):
+            changes.edit(message, ["kind", "priority"])
+        assert MESSAGE.state(pk) == before  # nothing written
+        changes.edit(message, ["priority"])  # what does not choose the handler may change
+        assert (MESSAGE.state(pk)["kind"], MESSAGE.state(pk)["priority"]) == ("old", 5)
+        return
+    changes.edit(message, ["kind", "priority"])
+    state = MESSAGE.state(pk)
+    assert (state["kind"], state["priority"], state["updated_at"]) == ("new", 5, now)
+    assert changes.SCOPE_COLUMNS == {"queue", "kind"}
+
+
 def test_replace_failed_payload_changes_a_failed_message_only(fake_clock: FakeClock) -> None:
     failed = MESSAGE.add(status="failed", due=None, payload={"v": 1})
     pending = MESSAGE.add(payload={"v": 1})
