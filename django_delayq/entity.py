@@ -127,6 +127,27 @@ class QueueFields(QueueColumns):
     def kind(self) -> str:
         return ""
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save the row; on an existing row, every column but the queue columns.
+
+        The queue columns are where the row stands in the queue, and only the
+        store writes them: a row loaded before a worker claimed it (or
+        recorded its outcome) still holds the old values, and saving them
+        back would clear the claim's lock token (its outcome lost) or send a
+        finished row back to running. Name queue columns in
+        ``update_fields`` to write them anyway, or change them with
+        :meth:`schedule`, the admin's actions or ``django_delayq.operations``.
+        A new row, a forced insert and a copy to another database are saved
+        whole; an existing row deleted meanwhile raises ``DatabaseError``
+        rather than coming back with its old queue state.
+        """
+        if kwargs.get("update_fields") is None and not args and not kwargs.get("force_insert"):
+            using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+            if not self._state.adding and using == self._state.db:
+                kwargs["update_fields"] = changes.plain_save_fields(self)
+        super().save(*args, **kwargs)
+        changes.saved(self)
+
     def schedule(
         self,
         *,

@@ -16,7 +16,10 @@ with the same intermediate page: the filters are ``admin/messages.py``'s and
 every action calls ``django_delayq.operations``, so a running row whose
 worker holds the lease is refused exactly as a running message is. The queue
 columns are read-only on the change page: they change through the actions
-(or the worker), never by editing a field under a worker's feet.
+(or the worker), never by editing a field under a worker's feet. Saving the
+change form writes only the fields the form changed: a worker that claimed
+the row, recorded its outcome or wrote the row's own columns between the
+page's load and its save keeps what it wrote.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from django_delayq.admin import actions
 from django_delayq.admin.messages import OverdueFilter, RetryingFilter
 from django_delayq.entity import QueueFields
 from django_delayq.operations import has_priority
+from django_delayq.store import changes
 
 #: The actions the mixin adds, by name (``actions.OPERATIONS``).
 QUEUE_ACTIONS = ("run_now", "retry_failed", "cancel", "reschedule", "reprioritise")
@@ -85,6 +89,15 @@ class QueueAdminMixin:
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
         fields = list(super().get_readonly_fields(request, obj))  # type: ignore[misc]
         return [*fields, *(c for c in QUEUE_COLUMNS if c not in fields)]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """A new row whole; an existing one only in the columns the form changed, and
+        never its queue columns (the form's fields were loaded with the page)."""
+        if not change:
+            super().save_model(request, obj, form, change)  # type: ignore[misc]
+            return
+        own = {f.name for f in obj._meta.concrete_fields} - changes.QUEUE_COLUMN_NAMES
+        changes.edit(obj, [name for name in form.changed_data if name in own], using=obj._state.db)
 
     @admin.display(description="last error")
     def error_summary(self, obj: QueueFields) -> str:

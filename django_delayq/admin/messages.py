@@ -394,6 +394,14 @@ class PrettyJSONField(forms.JSONField):
         return json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder)
 
 
+# Why a running message's kind is not changed (the change form's messages).
+KIND_LOCKED = gettext_lazy(
+    "the message started running, and its kind cannot change while it runs (the kind "
+    "chooses its handler and the limits it counts against); change it once this attempt "
+    "has ended"
+)
+
+
 class MessageForm(forms.ModelForm):
     # Bounded here, not only by the database: SQLite checks no integer range,
     # and a value past the column's range must be a form error, not a 500.
@@ -636,9 +644,37 @@ class MessageAdmin(admin.ModelAdmin):
             for name, opts in fieldsets
         ]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The kind, too, while the message runs: it chooses the handler and the limits
+        (a kind's global concurrency cap) the running attempt counts against."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and obj.status == S.RUNNING:
+            fields += ("kind",)
+        return fields
+
     def save_model(self, request: HttpRequest, obj: Message, form: Any, change: bool) -> None:
-        """Write only the edited columns, so a concurrent worker's changes are kept."""
-        changes.edit(obj, [f for f in form.changed_data if f in MessageForm.Meta.fields])
+        """Write only the edited columns, so a concurrent worker's changes are kept.
+
+        A kind sent for a message that runs by now (the page was loaded before
+        its claim) is not written: the form left it out, or the edit is refused
+        whole if the claim came while this request ran (``changes.EditRefused``).
+        """
+        sent = request.POST.get("kind")
+        if "kind" not in form.fields and sent is not None and sent != obj.kind:
+            self.message_user(
+                request, _("The kind was not changed: %s.") % KIND_LOCKED, level="WARNING"
+            )
+        try:
+            changes.edit(obj, [f for f in form.changed_data if f in MessageForm.Meta.fields])
+        except changes.EditRefused:
+            request._delayq_edit_refused = True  # type: ignore[attr-defined]
+            self.message_user(request, _("Nothing was saved: %s.") % KIND_LOCKED, level="ERROR")
+
+    def response_change(self, request: HttpRequest, obj: Message) -> HttpResponse:
+        if getattr(request, "_delayq_edit_refused", False):
+            # Back to the page, which shows the message as it is now (running).
+            return HttpResponseRedirect(request.path)
+        return super().response_change(request, obj)
 
     # -- permissions ----------------------------------------------------------------
 
@@ -730,6 +766,7 @@ class MessageAdmin(admin.ModelAdmin):
         if obj is not None:
             context["delayq_operations"] = self._operations_for(request, obj)
             context["delayq_holds_lease"] = operations.holds_lease(obj)
+            context["delayq_kind_locked"] = obj.status == S.RUNNING
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def _operations_for(self, request: HttpRequest, obj: Message) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from django_delayq.cron.spec import (
     TickRow,
     check_name,
     get_schedules,
+    missed_reason,
     parse_key,
     plan_ticks,
     tick_of,
@@ -195,7 +196,7 @@ def _install_one(
         if plan.cancel:
             missed = changes.cancel_ticks(
                 plan.cancel,
-                reason=f"Missed: not started within its grace period (catch_up={sched.catch_up})",
+                reason=missed_reason(sched),
                 now=now,
                 using=alias,
             )

@@ -645,6 +645,11 @@ class TickPlan:
     caught_up: datetime | None = None
 
 
+def missed_reason(sched: Schedule) -> str:
+    """The ``last_error`` of a tick cancelled because it did not start within its grace."""
+    return f"Missed: not started within its grace period (catch_up={sched.catch_up})"
+
+
 def _lookahead() -> timedelta:
     """Install far enough ahead that a running worker never lets the ticks run out.
 

@@ -21,7 +21,7 @@ those the table has.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -53,9 +53,10 @@ from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
+from django_delayq.exceptions import DelayQError
 from django_delayq.fingerprint import fingerprint
-from django_delayq.flow import failure_blocks
-from django_delayq.models import Message
+from django_delayq.flow import continuing_queues, failure_blocks
+from django_delayq.models import Message, QueueColumns
 from django_delayq.routers import model_alias, queue_alias
 from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store.features import features
@@ -66,6 +67,12 @@ from django_delayq.store.sql import statement
 # Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
 # instead of sorting every due row (adding "id" here forces that sort).
 CLAIM_ORDER = ("-priority", "next_attempt_time")
+
+# The most values of a list that can grow without bound (ids, groups) one
+# statement binds: every database limits a statement's parameters (65,535 on
+# PostgreSQL with server-side binding, 32,766 on SQLite since 3.32 and 999
+# before, MariaDB's packet size), so longer lists go in batches of this many.
+IN_BATCH = 500
 
 
 def _db(using: str | None, model: type[Model] = Message) -> str:
@@ -106,6 +113,12 @@ def _quoted(model: type[Model], connection: Any, *names: str) -> dict[str, str]:
 
 
 _quoted_names: dict[tuple[Any, ...], dict[str, str]] = {}
+
+
+def batches(values: Sequence[Any], size: int = IN_BATCH) -> Iterable[list[Any]]:
+    """``values`` in consecutive lists of at most ``size`` (see ``IN_BATCH``)."""
+    for start in range(0, len(values), size):
+        yield list(values[start : start + size])
 
 
 # -- claim ------------------------------------------------------------------------
@@ -307,6 +320,27 @@ def _ending(model: type[Model], changes: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _lease_until(model: type[Model], expiry: Expression) -> Expression:
+    """A lease ending at ``expiry``, written so that a waiting newer version keeps its time.
+
+    ``next_attempt_time`` is when a row may next be claimed. While a newer
+    version waits (``superseded_at``), that is the later of the lease and the
+    new version's due time (``scheduled_time``, as enqueue's update wrote it):
+    an extension must not pull it back to the lease alone, or a worker killed
+    after it would have the new version run as soon as the lease lapsed.
+    """
+    if not has_column(model, "superseded_at"):
+        return expiry
+    return Case(
+        When(
+            Q(superseded_at__isnull=False, scheduled_time__gt=expiry),
+            then=F("scheduled_time"),
+        ),
+        default=expiry,
+        output_field=_field(model, "next_attempt_time"),
+    )
+
+
 def _as_expression(value: Any, field: Field[Any, Any]) -> Any:
     return value if hasattr(value, "resolve_expression") else Value(value, output_field=field)
 
@@ -385,9 +419,19 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
 # sweep of every group now and then, for what a crash left undone).
 
 
-def _blockers(queues: Collection[str]) -> Q:
+def _blockers(queues: Collection[str] | None) -> Q:
     """The statuses of an earlier message that keep a later one of its group waiting,
-    for messages of ``queues`` (failed ones only where the queue blocks on failure)."""
+    for messages of ``queues`` (failed ones only where the queue blocks on failure).
+
+    ``None``: of every queue, judged by the configuration (the queues that go
+    on after a failure are the configured ones), so that the condition names
+    no more queues than the settings do, however many the table holds.
+    """
+    if queues is None:
+        continuing = continuing_queues()
+        if not continuing:
+            return Q(status__in=[*ACTIVE, Status.FAILED])
+        return Q(status__in=ACTIVE) | (Q(status=Status.FAILED) & ~Q(queue__in=continuing))
     blocking = [q for q in queues if failure_blocks(q)]
     if len(blocking) == len(queues) and queues:
         return Q(status__in=[*ACTIVE, Status.FAILED])
@@ -482,10 +526,14 @@ def hold_back(messages: Mapping[Any, Any], *, using: str) -> set[Any]:
         return set()
     queues = {m.queue for m in messages.values()}
     earlier = _of_its_group(Message).filter(_blockers(queues), pk__lt=OuterRef("pk"))
-    rows = Message._base_manager.using(using).filter(pk__in=list(messages), status=Status.PENDING)
-    held = set(rows.filter(Exists(earlier)).values_list("pk", flat=True))
-    if held:
-        Message._base_manager.using(using).filter(pk__in=held).update(next_attempt_time=None)
+    held: set[Any] = set()
+    rows = Message._base_manager.using(using)
+    for ids in batches(list(messages)):
+        pending = rows.filter(pk__in=ids, status=Status.PENDING)
+        found = list(pending.filter(Exists(earlier)).values_list("pk", flat=True))
+        if found:
+            rows.filter(pk__in=found).update(next_attempt_time=None)
+            held.update(found)
     return held
 
 
@@ -528,36 +576,71 @@ def release_groups(
     next message is the group's first that may still run or block; if it is
     held, it becomes due at its scheduled time (or now, if that has passed).
     Returns how many messages were let go.
+
+    No statement binds more than ``IN_BATCH`` groups or ids: the first
+    messages of the groups are found per queue (or for every queue) by one
+    aggregate, and changed by id in batches. The first message of every
+    blocked group as one list of parameters failed for ever beyond 65,535
+    groups on PostgreSQL with server-side binding (32,766 on SQLite), and the
+    held messages a crash had left behind were never let go.
     """
     alias = _db(using)
-    rows = Message._base_manager.using(alias).exclude(group="")
+    if groups is None:
+        return _release_held(alias, None, None)
+    by_queue: dict[str, set[str]] = {}
+    for queue, group in groups:
+        by_queue.setdefault(queue, set()).add(group)
+    released = 0
+    for queue, names in sorted(by_queue.items()):
+        # More groups than a statement should name: the whole queue's groups
+        # in one statement (letting go a group nobody named is the sweep's
+        # work anyway, done early) rather than a statement per batch.
+        chosen = sorted(names) if len(names) <= IN_BATCH else None
+        released += _release_held(alias, queue, chosen)
+    return released
+
+
+def _release_held(alias: str, queue: str | None, groups: Sequence[str] | None) -> int:
+    """Let go the held messages of ``groups`` of ``queue`` that no earlier message of
+    their group holds back, and wake their queues' workers. ``groups`` None: every
+    group of ``queue``; ``queue`` None: of every queue.
+
+    A group's first message is the lowest id among those that may still run
+    or block, and it is held if it is also the lowest held id: one aggregate
+    over the groups' range of ``delayq_group_idx`` returns only the firsts
+    that are held, with no join (a join of the held messages with the
+    groups' firsts, or a probe per held message, was planned as a nested
+    loop that went quadratic on a table the planner had no statistics for).
+    They are then changed by id, ``IN_BATCH`` at a time (MariaDB/MySQL
+    cannot update a table with a subquery on itself); the change repeats the
+    held condition, so a message let go meanwhile is not changed twice.
+    """
+    rows = Message._base_manager.using(alias)
+    grouped = rows.exclude(group="")
+    if queue is not None:
+        grouped = grouped.filter(queue=queue)
     if groups is not None:
-        if not groups:
-            return 0
-        pairs = Q()
-        for queue, group in groups:
-            pairs |= Q(queue=queue, group=group)
-        rows = rows.filter(pairs)
-        queues: Collection[str] = {q for q, _ in groups}
-    else:
-        queues = list(rows.filter(status__in=ACTIVE).values_list("queue", flat=True).distinct())
-    heads = (
-        rows.filter(_blockers(queues))
+        grouped = grouped.filter(group__in=list(groups))
+    held = Q(status=Status.PENDING, next_attempt_time__isnull=True)
+    firsts = (
+        grouped.filter(_blockers(None if queue is None else [queue]))
         .order_by()
         .values("queue", "group")
-        .annotate(head=Min("pk"))
-        .values_list("queue", "head")
+        .annotate(head=Min("pk"), first_held=Min("pk", filter=held))
+        .filter(head=F("first_held"))
+        .values_list("head", "queue")
     )
-    first = list(heads)
-    if not first:
+    free = list(firsts)
+    if not free:
         return 0
     now = clock.sql_now()
-    held = Message._base_manager.using(alias).filter(
-        pk__in=[pk for _, pk in first], status=Status.PENDING, next_attempt_time__isnull=True
-    )
-    released = held.update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
+    released = 0
+    for chunk in batches([pk for pk, _ in free]):
+        released += rows.filter(
+            pk__in=chunk, status=Status.PENDING, next_attempt_time__isnull=True
+        ).update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
     if released:
-        wake({queue for queue, _ in first}, using=alias)
+        wake({q for _, q in free}, using=alias)
     return released
 
 
@@ -959,7 +1042,10 @@ def extend(
     waits for a lock, no other worker's claim can take that row, which
     skips locked rows, and the extension lands the moment the lock goes).
     """
-    changes = {"next_attempt_time": clock.sql_now_plus(lease), "updated_at": clock.sql_now()}
+    changes = {
+        "next_attempt_time": _lease_until(model, clock.sql_now_plus(lease)),
+        "updated_at": clock.sql_now(),
+    }
     return set(
         _update_held(
             ids,
@@ -1110,12 +1196,45 @@ def delete(rows: QuerySet[Any]) -> int:
     return per_model.get(rows.model._meta.label, 0)
 
 
-def edit(message: Message, fields: Collection[str], *, using: str | None = None) -> None:
+#: The columns that choose a message's handler and the limits it counts against
+#: (a global concurrency cap counts the running messages of a queue, or of a
+#: queue and kind): a running message's must not change under its worker.
+SCOPE_COLUMNS = frozenset({"queue", "kind"})
+
+
+class EditRefused(DelayQError):
+    """An edit of :data:`SCOPE_COLUMNS` of a message that is running (or gone)."""
+
+
+def edit(message: Model, fields: Collection[str], *, using: str | None = None) -> None:
     """Write an operator's edit of a message's content (not its state), and only those columns,
-    so a concurrent worker's changes are kept."""
-    if fields:
-        message.updated_at = clock.now()
-        message.save(using=using, update_fields=[*fields, "updated_at"])
+    so a concurrent worker's changes are kept.
+
+    ``message``: a ``Message``, or a row of a ``QueueFields`` model (the
+    admin's change form of either). An edit of its ``SCOPE_COLUMNS`` is one
+    ``UPDATE`` that leaves a running message alone, and raises
+    :class:`EditRefused` then, writing nothing: moved to another kind while
+    it runs, a message would leave its kind's global concurrency cap a place
+    free while its handler still runs (and take one in the other's), so the
+    cap could be exceeded.
+    """
+    if not fields:
+        return
+    written = list(fields)
+    if has_column(type(message), "updated_at"):
+        message.updated_at = clock.now()  # type: ignore[attr-defined]
+        written.append("updated_at")
+    if not SCOPE_COLUMNS & set(fields):
+        message.save(using=using, update_fields=written)
+        return
+    alias = using or message._state.db or _db(None, type(message))
+    rows = type(message)._base_manager.using(alias).filter(pk=message.pk)
+    values = {name: getattr(message, name) for name in written}
+    if not rows.exclude(status=Status.RUNNING).update(**values):
+        raise EditRefused(
+            f"message {message.pk} is running (or was deleted): its "
+            f"{' and '.join(sorted(SCOPE_COLUMNS & set(fields)))} cannot change while it runs"
+        )
 
 
 def replace_failed_payload(message_id: int, payload: Any, *, using: str) -> bool:
@@ -1165,18 +1284,30 @@ def schedule(rows: QuerySet[Any], when: datetime) -> int:
 
 
 def mark_scheduled(row: Model, when: datetime) -> None:
-    """Set a row's queue columns to "queued at ``when``", for the caller's own save."""
+    """Set a row's queue columns to "queued at ``when``", for the caller's own save
+    (which then writes them: see :func:`plain_save_fields`)."""
+    marked = row.__dict__.setdefault(_MARKED, set())
+    marked.update(_set_scheduled(row, when))
+
+
+def _set_scheduled(row: Model, when: datetime) -> list[str]:
+    """Set a row's queue columns to "queued at ``when``" in memory; their names."""
+    changed = list(_scheduled(when))
     if getattr(row, "status", None) in FINISHED:
         row.attempt_count, row.last_error, row.last_traceback = 0, "", ""  # type: ignore[attr-defined]
+        changed += ["attempt_count", "last_error", "last_traceback"]
     for name, value in _scheduled(when).items():
         setattr(row, name, value)
+    return changed
 
 
 def schedule_row(row: Model, when: datetime, *, using: str) -> bool:
     """Queue one row at ``when``; False if a worker holds it (or it is gone).
 
     A new row is saved whole; an existing one gets only the queue columns,
-    with the same condition as :func:`schedule`.
+    with the same condition as :func:`schedule` (the row in memory then shows
+    them, but a later plain save does not write them again: a worker may have
+    claimed it by then).
     """
     if row._state.adding:
         mark_scheduled(row, when)
@@ -1184,8 +1315,43 @@ def schedule_row(row: Model, when: datetime, *, using: str) -> bool:
         return True
     if not schedule(type(row)._base_manager.using(using).filter(pk=row.pk), when):
         return False
-    mark_scheduled(row, when)
+    _set_scheduled(row, when)
     return True
+
+
+# The attribute of a row naming the queue columns its caller's own save is to
+# write (mark_scheduled).
+_MARKED = "_delayq_queue_columns_to_save"
+
+#: The columns of ``models.QueueColumns``: a row's place in the queue, written by
+#: the store alone (a ``QueueFields`` row's plain ``save()`` leaves them out).
+QUEUE_COLUMN_NAMES = frozenset(f.name for f in QueueColumns._meta.fields)
+
+
+def plain_save_fields(row: Model) -> list[str]:
+    """What a plain ``save()`` of an existing ``QueueFields`` row writes: its loaded
+    columns but the queue columns (``QUEUE_COLUMN_NAMES``).
+
+    The row in memory holds the queue columns as they were when it was
+    loaded; a worker may have claimed or settled it since, and writing them
+    back would undo that (the claim's token cleared, so its outcome is lost;
+    a finished row running again). The queue columns that
+    :func:`mark_scheduled` set for the caller's own save are written.
+    """
+    marked = row.__dict__.get(_MARKED, set())
+    deferred = row.get_deferred_fields()
+    return [
+        field.name
+        for field in type(row)._meta.concrete_fields
+        if not field.primary_key
+        and field.attname not in deferred
+        and (field.name not in QUEUE_COLUMN_NAMES or field.name in marked)
+    ]
+
+
+def saved(row: Model) -> None:
+    """The row was saved: what :func:`mark_scheduled` set is written."""
+    row.__dict__.pop(_MARKED, None)
 
 
 # -- retention and cron -------------------------------------------------------------
@@ -1203,18 +1369,21 @@ def prune(
 
     Deletes go in bounded batches by primary key, so pruning a large backlog
     never holds long locks or one huge transaction on a table workers claim
-    from (``delayq_finished_idx`` finds them).
+    from (``delayq_finished_idx`` finds them). A batch larger than a
+    statement binds (``PRUNE_BATCH_SIZE`` is any positive number) is deleted
+    ``IN_BATCH`` ids at a time, in one transaction.
     """
     alias = _db(using)
     expired = Message.objects.using(alias).in_queues(queues).expired(cutoff)
-    total = batches = 0
-    while max_batches is None or batches < max_batches:
+    total = rounds = 0
+    while max_batches is None or rounds < max_batches:
         ids = list(expired.order_by().values_list("id", flat=True)[:batch_size])
         if not ids:
             break
-        deleted, _ = expired.filter(id__in=ids).delete()
-        total += deleted
-        batches += 1
+        with transaction.atomic(using=alias):
+            for chunk in batches(ids):
+                total += expired.filter(id__in=chunk).delete()[0]
+        rounds += 1
     return total
 
 
@@ -1241,20 +1410,42 @@ def delete_ticks(ids: Collection[int], *, using: str) -> int:
     """
     if not ids:
         return 0
-    return Message.objects.using(using).untouched().filter(id__in=list(ids)).delete()[0]
+    rows = Message.objects.using(using).untouched()
+    with transaction.atomic(using=using):
+        return sum(rows.filter(id__in=chunk).delete()[0] for chunk in batches(list(ids)))
+
+
+def miss_tick(message_id: int, token: uuid.UUID, *, reason: str, using: str) -> int:
+    """Cancel a cron tick a worker claimed past its grace, instead of running it;
+    returns 1 if it was still held under ``token``.
+
+    It ends as :func:`cancel_ticks` leaves a missed tick: never attempted
+    (the claim's attempt is given back, and its start time, which was this
+    claim's), so the schedule's last run stays the last one that ran.
+    """
+    now = clock.sql_now()
+    changes = {
+        "status": Status.CANCELLED,
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": reason,
+        "lock_token": None,
+        "attempt_count": 0,
+        "last_attempt_time": None,
+    }
+    return int(_update_held([message_id], token, changes, using=using, model=Message))
 
 
 def cancel_ticks(ids: Collection[int], *, reason: str, now: datetime, using: str) -> int:
     """Cancel cron ticks that are still pending and were never attempted (missed ticks)."""
-    return (
-        Message.objects.using(using)
-        .untouched()
-        .filter(id__in=list(ids))
-        .update(
-            status=Status.CANCELLED,
-            next_attempt_time=None,
-            finished_at=now,
-            updated_at=now,
-            last_error=reason,
-        )
-    )
+    rows = Message.objects.using(using).untouched()
+    changes = {
+        "status": Status.CANCELLED,
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": reason,
+    }
+    with transaction.atomic(using=using):
+        return sum(rows.filter(id__in=chunk).update(**changes) for chunk in batches(list(ids)))

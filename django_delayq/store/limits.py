@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count, Min
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Value
 
 from django_delayq import clock
 from django_delayq.flow import Rate, Scope
@@ -52,9 +52,13 @@ class LimitedClaim:
 
     claim: Claim
     held_back: bool
-    # When the rate's window lets the next message start; None: a cap held
-    # them back (room comes when a running message ends), or nothing did.
+    # When the rate's window lets the next message start (on the database's
+    # clock); None: a cap held them back (room comes when a running message
+    # ends), or nothing did.
     retry_at: datetime | None = None
+    # How long from the claim until then, measured on the database's clock:
+    # what a worker waits, on its own clock (which may be set differently).
+    retry_in: timedelta | None = None
 
 
 # (alias, queue, kind) -> the pk of its FlowState row.
@@ -85,16 +89,24 @@ def claim_limited(
         flows = [_lock(alias, scope) for scope in ordered]
         room = limit
         oldest: datetime | None = None
+        frees_in: timedelta | None = None
         for scope, flow in zip(ordered, flows, strict=True):
             if scope.rate is not None:
-                used, first = _starts(alias, flow, scope.rate)
+                used, first, wait = _starts(alias, flow, scope.rate)
                 room = min(room, scope.rate.count - used)
                 if first is not None and (oldest is None or first + scope.rate.period < oldest):
                     oldest = first + scope.rate.period
+                if wait is not None and (frees_in is None or wait < frees_in):
+                    frees_in = wait
             if scope.cap is not None:
                 room = min(room, scope.cap - _running(alias, scope))
         if room <= 0:
-            return LimitedClaim(Claim(uuid.uuid4(), []), held_back=True, retry_at=oldest)
+            return LimitedClaim(
+                Claim(uuid.uuid4(), []),
+                held_back=True,
+                retry_at=oldest,
+                retry_in=None if frees_in is None else max(frees_in, timedelta(0)),
+            )
         got = claim(
             queues, room, worker=worker, lease=lease, leases=leases, using=alias, kinds=kinds
         )
@@ -106,10 +118,11 @@ def claim_limited(
                 for m in got.messages
             )
     held_back = room < limit and len(got.messages) == room
-    retry_at = None
+    retry_at = retry_in = None
     if held_back:
         retry_at = _next_start(ordered, got.messages, oldest)
-    return LimitedClaim(got, held_back=held_back, retry_at=retry_at)
+        retry_in = _next_start_in(ordered, frees_in)
+    return LimitedClaim(got, held_back=held_back, retry_at=retry_at, retry_in=retry_in)
 
 
 def _next_start(
@@ -122,6 +135,22 @@ def _next_start(
     first = min((m.last_attempt_time for m in claimed if m.last_attempt_time), default=None)
     times = [t for t in (oldest, first and first + min(periods)) if t is not None]
     return min(times) if times else None
+
+
+def _next_start_in(scopes: Sequence[Scope], frees_in: timedelta | None) -> timedelta | None:
+    """:func:`_next_start` as a wait from the claim, on the database's clock.
+
+    The starts the claim just recorded leave their window one period after
+    it; an older start leaves it ``frees_in`` after it (both measured by the
+    database), whichever comes first. A worker adds this to its own clock:
+    comparing the database's instant with its own clock held the lane for as
+    long as that clock was behind, or not at all when it was ahead.
+    """
+    periods = [s.rate.period for s in scopes if s.rate is not None]
+    if not periods:
+        return None
+    waits = [min(periods), *([] if frees_in is None else [frees_in])]
+    return max(min(waits), timedelta(0))
 
 
 def _lock(alias: str, scope: Scope) -> int:
@@ -144,8 +173,9 @@ def _lock(alias: str, scope: Scope) -> int:
     raise RuntimeError(f"could not lock the flow state of {scope.name}")
 
 
-def _starts(alias: str, flow: int, rate: Rate) -> tuple[int, datetime | None]:
-    """How many starts the rate's window holds now, and the oldest of them.
+def _starts(alias: str, flow: int, rate: Rate) -> tuple[int, datetime | None, timedelta | None]:
+    """How many starts the rate's window holds now, the oldest of them, and how long
+    until it leaves the window (the database's clock, in the same statement).
 
     Counted without an upper bound: a claim whose transaction began before
     another's (so its clock reads earlier) but locked after it still counts
@@ -154,8 +184,11 @@ def _starts(alias: str, flow: int, rate: Rate) -> tuple[int, datetime | None]:
     _prune(alias, flow, rate)
     starts = FlowStart.objects.using(alias).filter(flow_id=flow)
     window = starts.filter(started_at__gt=clock.sql_now_plus(-rate.period))
-    found = window.aggregate(n=Count("pk"), oldest=Min("started_at"))
-    return int(found["n"]), found["oldest"]
+    leaves = ExpressionWrapper(
+        F("started_at") + Value(rate.period) - clock.sql_now(), output_field=DurationField()
+    )
+    found = window.aggregate(n=Count("pk"), oldest=Min("started_at"), wait=Min(leaves))
+    return int(found["n"]), found["oldest"], found["wait"]
 
 
 def _prune(alias: str, flow: int, rate: Rate) -> None:

@@ -756,7 +756,9 @@ def apply_update(current: Message, new: Message) -> None:
     """What ``update`` writes over ``current`` (the twin of ``update_conflicts``' SET).
 
     A running message keeps its attempt (lock token, lease): the new version
-    waits for it to end (``superseded_at``).
+    waits for it to end (``superseded_at``), and its due time is the later of
+    the lease and the new version's, so that a lease which lapses does not let
+    a claim run the new version early.
     """
     if current.status in FINISHED:
         current.attempt_count = 0
@@ -766,6 +768,9 @@ def apply_update(current: Message, new: Message) -> None:
     current.finished_at = None
     if current.status == Status.RUNNING:
         current.superseded_at = new.updated_at
+        lease, due = current.next_attempt_time, new.next_attempt_time
+        if due is not None and (lease is None or due > lease):
+            current.next_attempt_time = due
         return
     current.next_attempt_time = new.next_attempt_time
     current.superseded_at = None

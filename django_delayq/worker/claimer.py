@@ -228,11 +228,12 @@ class Claimer:
             using=self.using,
             kinds=lane.kinds,
         )
-        lane.capped = result.held_back and result.retry_at is None
+        lane.capped = result.held_back and result.retry_in is None
         if not result.held_back:
             lane.wake_at = None
-        elif result.retry_at is not None:
-            lane.wake_at = result.retry_at
+        elif result.retry_in is not None:
+            # A wait measured by the database, held on this host's clock.
+            lane.wake_at = clock.now() + result.retry_in
         else:
             lane.wake_at = clock.now() + CAP_RECHECK
         return result.claim

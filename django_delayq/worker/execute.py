@@ -24,6 +24,7 @@ from django.dispatch import Signal
 
 from django_delayq import guard, signals
 from django_delayq.conf import MAX_DELAY, get_config, to_timedelta
+from django_delayq.cron.missed import skip_missed
 from django_delayq.exceptions import (
     DelayQError,
     Discard,
@@ -61,6 +62,8 @@ class Result(enum.StrEnum):
     # The outcome could not be written (the database failed): the message
     # keeps its lease and is redelivered when it expires.
     UNRECORDED = "unrecorded"
+    # A cron tick claimed past its grace: cancelled as missed, not run.
+    MISSED = "missed"
 
 
 class _LeaseLost(DelayQError):
@@ -206,6 +209,8 @@ def execute(
     is appended there instead of being acknowledged here: the caller
     acknowledges the group in one statement before its commit (``runner.py``).
     """
+    if skip_missed(message, token, using=using, later=later):
+        return Result.MISSED
     try:
         spec: HandlerSpec | None = registry.lookup_for(message)
     except HandlerNotFound as exc:

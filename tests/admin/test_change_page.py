@@ -3,6 +3,7 @@
 import html
 import json
 import re
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -10,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_delayq import enqueue
 from django_delayq.models import Message
-from tests.admin.message_pages import change_url, one_of_each, operation_url
+from tests.admin.message_pages import change_url, notes, one_of_each, operation_url
 from tests.admin.staff import staff_client
 from tests.factories import MessageFactory
 from tests.json_values import JSON_VALUES, exact
@@ -186,3 +187,78 @@ def test_number_edits_out_of_range_are_form_errors(admin_client, states, changes
     assert error in response.content.decode()
     after = Message.objects.get(pk=message.pk)
     assert (after.max_attempts, after.priority) == (message.max_attempts, message.priority)
+
+
+# -- the kind of a running message: its handler and its limits ----------------------
+
+
+def test_the_kind_of_a_running_message_is_read_only_and_the_page_says_so(admin_client, states):
+    running = page(admin_client, states["running"])
+    assert 'name="kind"' not in running
+    assert "The kind is read-only while the message runs" in running
+    pending = page(admin_client, states["pending_due"])
+    assert 'name="kind"' in pending
+    assert "read-only while the message runs" not in pending
+
+
+def test_a_kind_sent_for_a_message_running_by_now_is_not_written(admin_client, states):
+    """The page was loaded while the message waited; it runs by the time of the save."""
+    message = states["running"]
+    response = admin_client.post(
+        change_url(message.pk), form_data(message, kind="other", priority="3")
+    )
+    assert response.status_code == 302
+    after = Message.objects.get(pk=message.pk)
+    assert (after.kind, after.priority) == (message.kind, 3)
+    assert any("The kind was not changed" in n for n in notes(response))
+
+
+def test_a_claim_while_the_form_is_saved_refuses_the_kind_edit_whole(
+    admin_client, states, monkeypatch
+):
+    from django_delayq.admin.messages import MessageAdmin
+    from django_delayq.store import changes
+
+    message = states["pending_due"]
+    original = MessageAdmin.save_form
+
+    def claimed_meanwhile(self, request, form, change):
+        # After the request read the message (pending) and validated the form.
+        changes.claim(["emails"], 1, worker="w", lease=timedelta(seconds=30))
+        return original(self, request, form, change)
+
+    monkeypatch.setattr(MessageAdmin, "save_form", claimed_meanwhile)
+    response = admin_client.post(
+        change_url(message.pk), form_data(message, kind="other", priority="3")
+    )
+    assert response.status_code == 302 and response.url == change_url(message.pk)
+    after = Message.objects.get(pk=message.pk)
+    assert (after.status, after.kind, after.priority) == ("running", message.kind, message.priority)
+    said = notes(response)
+    assert any(n.startswith("Nothing was saved") for n in said)
+    assert not any("changed successfully" in n for n in said)
+
+
+def test_editing_the_kind_of_a_running_message_cannot_exceed_its_kinds_global_cap(
+    admin_client, fake_clock
+):
+    """A kind's cap counts the running messages of that kind: a running message moved to
+    another kind left a place free while its handler still ran, and the next claim took
+    it: two handlers of a kind capped at one."""
+    from django_delayq.flow import Scope
+    from django_delayq.store.limits import claim_limited
+
+    for key in ("first", "second"):
+        enqueue("orders", {}, key=key, kind="export")
+    cap = Scope("orders", "export", cap=1)
+
+    def claim():
+        return claim_limited(
+            ["orders"], 5, [cap], worker="w", lease=timedelta(seconds=30), kinds=(["export"], True)
+        ).claim.messages
+
+    (running,) = claim()
+    response = admin_client.post(change_url(running.pk), form_data(running, kind="report"))
+    assert response.status_code == 302
+    assert Message.objects.get(pk=running.pk).kind == "export"
+    assert claim() == []  # the cap is full while the first one runs

@@ -117,3 +117,57 @@ def test_the_mixin_refuses_a_model_without_queue_columns():
 
     with pytest.raises(TypeError, match="inherit QueueFields"):
         Wrong(Execution, admin.site)
+
+
+def change_data(row, **changes) -> dict[str, str]:
+    """What the change form posts for ``row`` (its own fields; the queue columns are
+    read-only on the page)."""
+    data = {
+        "reference": row.reference,
+        "priority": str(row.priority),
+        "fail": str(row.fail),
+        "sleep": str(row.sleep),
+        "shipped_at_0": "",
+        "shipped_at_1": "",
+    }
+    data.update(changes)
+    return data
+
+
+@pytest.mark.parametrize("meanwhile", ["claim", "ack"])
+def test_saving_the_change_form_keeps_what_a_worker_wrote_meanwhile(
+    admin_client, fake_clock, monkeypatch, meanwhile
+):
+    """The form's save wrote the whole row as the request had read it: a claim or an
+    acknowledgement between that read and the save was undone (the lock token
+    cleared, a finished row back to running)."""
+    from django_delayq.store import changes
+    from tests.testapp.admin import ShipmentAdmin
+
+    row = Shipment.objects.create(reference="a", next_attempt_time=fake_clock())
+    url = f"{CHANGELIST}{row.pk}/change/"
+    assert admin_client.get(url).status_code == 200
+    lease = timedelta(seconds=30)
+    if meanwhile == "ack":
+        token = changes.claim([], 1, worker="w", lease=lease, model=Shipment).token
+    original = ShipmentAdmin.save_form
+
+    def worker_meanwhile(self, request, form, change):
+        # After the request read the row and validated the form, before it saves.
+        if meanwhile == "claim":
+            changes.claim([], 1, worker="w", lease=lease, model=Shipment)
+        else:
+            changes.ack([row.pk], token, model=Shipment)
+        return original(self, request, form, change)
+
+    monkeypatch.setattr(ShipmentAdmin, "save_form", worker_meanwhile)
+    before = Shipment.objects.get(pk=row.pk)
+
+    response = admin_client.post(url, change_data(before, reference="edited"))
+
+    assert response.status_code == 302
+    after = Shipment.objects.get(pk=row.pk)
+    assert after.reference == "edited"
+    expected = ("running", 1, "w") if meanwhile == "claim" else ("succeeded", 1, "w")
+    assert (after.status, after.attempt_count, after.locked_by) == expected
+    assert (after.lock_token is not None) == (meanwhile == "claim")

@@ -6,12 +6,14 @@ from datetime import UTC, datetime, timedelta
 from io import StringIO
 from zoneinfo import ZoneInfo
 
+import hypothesis
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
 from django.db import DatabaseError, connection
 from django.test import override_settings
+from hypothesis import strategies as st
 
 from django_delayq import enqueue
 from django_delayq.checks import check_schedules, check_settings
@@ -280,6 +282,148 @@ def test_workers_run_a_daily_0230_paris_job_once_across_a_dst_change(
     assert all(tick_of(m).late_by == timedelta(0) for m in ticks("nightly", status="succeeded")), (
         "each ran at its tick time"
     )
+
+
+FIVES = {"every": 5, "queue": "ticks"}  # grace: 5 s, the interval to the next tick
+
+
+@pytest.fixture
+def claims_first(monkeypatch):
+    """The worker's first claims come before its first maintenance round has cancelled
+    anything (a serving worker runs that round on its own thread, beside them)."""
+    monkeypatch.setattr(install, "install_schedules", lambda **kwargs: install.InstallReport())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("catch_up", ["skip", "latest"])
+def test_a_tick_claimed_past_its_grace_is_cancelled_not_run(
+    settings, at, run_worker, claims_first, catch_up, caplog
+):
+    """Every worker stopped for 35 s: the ticks of 10:00:00 to 10:00:25 are past their
+    grace when a worker comes back; they must not run, whichever of its threads
+    comes first. The tick of 10:00:30 is late by its grace, no more, and runs, and so
+    does the one due at the restart (with catch_up="latest", it is the latest)."""
+    configure(settings, fives={**FIVES, "catch_up": catch_up})
+    at(utc(2026, 6, 1, 10, 0))
+    install_schedules()  # installed by the workers before they stopped
+    at(utc(2026, 6, 1, 10, 0, 35))
+
+    run_worker(["ticks"])
+
+    assert executed_ticks() == [utc(2026, 6, 1, 10, 0, 30), utc(2026, 6, 1, 10, 0, 35)]
+    missed = ticks("fives", status="cancelled")
+    assert tick_times(missed) == [utc(2026, 6, 1, 10, 0, s) for s in range(0, 30, 5)]
+    for message in missed:
+        # As an installer leaves a missed tick: never attempted.
+        assert message.last_error == (
+            f"Missed: not started within its grace period (catch_up={catch_up})"
+        )
+        assert (message.attempt_count, message.last_attempt_time) == (0, None)
+        assert message.finished_at == utc(2026, 6, 1, 10, 0, 35)
+    lines = [r.getMessage() for r in caplog.records if "cancelled, not run" in r.getMessage()]
+    assert len(lines) == 6
+    assert "tick of 2026-06-01T10:00:00+00:00 missed: claimed 0:00:35 after" in lines[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_latest_runs_the_newest_late_tick_once_when_claimed_before_the_install(
+    settings, at, run_worker, claims_first
+):
+    configure(settings, hourly={**HOURLY, "catch_up": "latest", "grace": 600})
+    at(utc(2026, 6, 1, 10, 30))
+    install_schedules()  # 11:00, 12:00, 13:00
+    at(utc(2026, 6, 1, 13, 30))  # down from 10:30: 13:00 is past its grace (10 min)
+
+    run_worker(["ticks"])
+
+    # 13:00 is the latest occurrence by now: catch_up="latest" runs it, once.
+    assert executed_ticks() == [utc(2026, 6, 1, 13)]
+    assert tick_times(ticks("hourly", status="cancelled")) == [utc(2026, 6, 1, h) for h in (11, 12)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_latest_leaves_the_run_to_the_latest_occurrence_when_the_ticks_ran_out(
+    settings, at, run_worker, monkeypatch
+):
+    """The installed ticks ran out: the installer installs the latest occurrence to run
+    now. A worker that claimed an older installed one first must not run it too."""
+    configure(settings, hourly={**HOURLY, "catch_up": "latest"})
+    at(utc(2026, 6, 1, 10, 30))
+    install_schedules()  # 11:00, 12:00, 13:00
+    at(utc(2026, 6, 1, 17, 30))
+    real_install = install.install_schedules
+    monkeypatch.setattr(install, "install_schedules", lambda **kwargs: install.InstallReport())
+    run_worker(["ticks"])  # the claims came first
+    monkeypatch.setattr(install, "install_schedules", real_install)
+    run_worker(["ticks"])  # then the install
+
+    assert executed_ticks() == [utc(2026, 6, 1, 17)]
+    assert tick_times(ticks("hourly", status="cancelled")) == [
+        utc(2026, 6, 1, h) for h in (11, 12, 13)
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_of_a_tick_that_started_in_time_still_runs_late(settings, at, run_worker):
+    configure(settings, fives=FIVES)
+    at(utc(2026, 6, 1, 10, 0))
+    install_schedules()
+    first = ticks("fives").first()
+    Message.objects.filter(pk=first.pk).update(attempt_count=1, last_error="boom")
+    at(utc(2026, 6, 1, 10, 0, 40))  # its retry comes long after the grace
+    run_worker(["ticks"])
+    assert utc(2026, 6, 1, 10) in executed_ticks()
+
+
+@pytest.mark.django_db(transaction=True)
+@hypothesis.settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[
+        hypothesis.HealthCheck.function_scoped_fixture,
+        hypothesis.HealthCheck.too_slow,
+    ],
+)
+@hypothesis.given(
+    period=st.sampled_from([5, 60, 3600]),
+    catch_up=st.sampled_from(["skip", "latest"]),
+    grace=st.sampled_from([None, 0.5, 2.0]),  # of a period; None: the default
+    down=st.floats(0, 12),  # periods every worker was stopped
+)
+def test_which_ticks_run_after_an_outage_does_not_depend_on_which_thread_comes_first(
+    settings, at, run_worker, monkeypatch, period, catch_up, grace, down
+):
+    """A worker back after an outage claims and installs on two threads: the ticks that
+    run (and those cancelled as missed) must be the same whichever goes first, and
+    each ran within its grace, or is the latest occurrence under catch_up="latest"."""
+    options = {"every": period, "queue": "ticks", "catch_up": catch_up}
+    if grace is not None:
+        options["grace"] = grace * period
+    configure(settings, sched=options)
+    (sched,) = get_schedules().values()
+    stopped = utc(2026, 6, 1, 9, 59, 59)
+    back = stopped + timedelta(seconds=down * period)
+
+    def outcome(claims_first: bool) -> dict[datetime, str]:
+        Message.objects.all().delete()
+        Execution.objects.all().delete()
+        at(stopped)
+        install_schedules()
+        at(back)
+        if claims_first:
+            with monkeypatch.context() as first:
+                first.setattr(install, "install_schedules", lambda **kw: install.InstallReport())
+                run_worker(["ticks"])
+        run_worker(["ticks"])
+        return {tick_of(m).time: m.status for m in ticks("sched") if tick_of(m).time <= back}
+
+    installed_first = outcome(claims_first=False)
+    claimed_first = outcome(claims_first=True)
+    assert claimed_first == installed_first
+    for message in ticks("sched", status="succeeded"):
+        tick = tick_of(message)
+        latest = catch_up == "latest" and sched.previous_tick(back) == tick.time
+        assert tick.late_by <= sched.grace_for(tick.time) or latest, tick
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,10 +3,12 @@ lease, retry and shutdown rules as messages, run in-process on the real database
 
 from datetime import timedelta
 
+import hypothesis
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction  # noqa: F401 (read by skipif)
 from django.utils import timezone
+from hypothesis import strategies as st
 
 from django_delayq import enqueue, handler, operations
 from django_delayq.models import Message
@@ -297,3 +299,138 @@ def test_a_claim_of_no_queue_claims_nothing():
     held = changes.claim([], 10, worker="w", lease=timedelta(seconds=30))
     assert held.messages == []
     assert Message.objects.get().status == "pending"
+
+
+# -- a plain save() leaves the queue columns to the store -----------------------------
+
+LEASE = timedelta(seconds=30)
+QUEUE_COLUMNS = [
+    "status",
+    "next_attempt_time",
+    "attempt_count",
+    "max_attempts",
+    "last_attempt_time",
+    "last_error",
+    "last_traceback",
+    "lock_token",
+    "locked_by",
+]
+
+
+def queue_state(pk):
+    return dict(Shipment.objects.filter(pk=pk).values(*QUEUE_COLUMNS).get())
+
+
+def _claim():
+    return changes.claim([], 1, worker="w", lease=LEASE, model=Shipment)
+
+
+# What a worker (or an operator) does to a row between its load and its save.
+MEANWHILE = {
+    "claim": lambda pk: _claim(),
+    "ack": lambda pk: changes.ack([pk], _claim().token, model=Shipment),
+    "fail": lambda pk: changes.fail(
+        pk, _claim().token, error="boom", retry_at=None, model=Shipment
+    ),
+    "retry": lambda pk: changes.fail(
+        pk, _claim().token, error="boom", retry_at=None, retry_in=LEASE, model=Shipment
+    ),
+    "release": lambda pk: changes.release([pk], _claim().token, started=False, model=Shipment),
+    "cancel": lambda pk: operations.cancel(Shipment.objects.filter(pk=pk)),
+}
+
+
+@pytest.mark.parametrize("meanwhile", MEANWHILE)
+def test_a_plain_save_keeps_what_the_store_wrote_since_the_row_was_loaded(meanwhile, fake_clock):
+    """An application's ``save()`` of a row it loaded before a worker claimed it (or
+    recorded its outcome) wrote the old queue state back: the lock token cleared,
+    so the worker's outcome was lost, or a finished row running again."""
+    (row,) = shipments("a")
+    loaded = Shipment.objects.get(pk=row.pk)
+    MEANWHILE[meanwhile](row.pk)
+    stored = queue_state(row.pk)
+    loaded.reference = "edited"
+
+    loaded.save()
+
+    assert queue_state(row.pk) == stored
+    assert Shipment.objects.get(pk=row.pk).reference == "edited"
+
+
+def test_a_save_writes_the_queue_columns_it_names_and_those_schedule_set_for_it(fake_clock):
+    (row,) = shipments("a")
+    loaded = Shipment.objects.get(pk=row.pk)
+    loaded.attempt_count = 7
+    loaded.save(update_fields=["attempt_count"])
+    assert queue_state(row.pk)["attempt_count"] == 7
+
+    later = fake_clock() + timedelta(minutes=5)
+    loaded.schedule(run_at=later, save=False)  # the caller's own save writes it
+    loaded.reference = "edited"
+    loaded.save()
+    stored = Shipment.objects.get(pk=row.pk)
+    assert (stored.reference, stored.status, stored.next_attempt_time) == (
+        "edited",
+        "pending",
+        later,
+    )
+    loaded.reference = "again"
+    loaded.save()  # what schedule() set was written once, not at every save
+    assert queue_state(row.pk)["next_attempt_time"] == later
+
+
+def test_a_new_row_is_saved_whole_and_a_deleted_one_is_not_brought_back():
+    row = Shipment(reference="new", status="failed", attempt_count=2)
+    row.save()
+    assert (queue_state(row.pk)["status"], queue_state(row.pk)["attempt_count"]) == ("failed", 2)
+    Shipment.objects.filter(pk=row.pk).delete()
+    from django.db import DatabaseError
+
+    with pytest.raises(DatabaseError):
+        row.save()
+    assert not Shipment.objects.filter(pk=row.pk).exists()
+
+
+STEPS = {
+    **MEANWHILE,
+    "extend": lambda pk: changes.extend([pk], _claim().token, LEASE, model=Shipment),
+    "schedule": lambda pk: Shipment.objects.filter(pk=pk).schedule(delay=5),
+    "retry_failed": lambda pk: operations.retry_failed(Shipment.objects.filter(pk=pk)),
+    "later": lambda pk: None,  # the passing of time (see advance)
+}
+
+
+@hypothesis.settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[
+        hypothesis.HealthCheck.function_scoped_fixture,
+        hypothesis.HealthCheck.too_slow,
+    ],
+)
+@hypothesis.given(
+    steps=st.lists(st.sampled_from(sorted(STEPS)), max_size=4),
+    advance=st.sampled_from([0, 10, 40]),
+    reference=st.text(alphabet="abcxyz", min_size=1, max_size=8),
+    priority=st.integers(-5, 5),
+)
+def test_no_change_of_the_store_is_undone_by_a_save_of_a_row_loaded_before_it(
+    fake_clock, steps, advance, reference, priority
+):
+    """Whatever the store did between a row's load and its plain ``save()``, the save
+    writes the row's own columns as edited and leaves the queue columns as the
+    store left them."""
+    Shipment.objects.all().delete()
+    (row,) = shipments("a")
+    loaded = Shipment.objects.get(pk=row.pk)
+    for step in steps:
+        STEPS[step](row.pk)
+        fake_clock.advance(advance)
+    stored = queue_state(row.pk)
+    loaded.reference, loaded.priority = reference, priority
+
+    loaded.save()
+
+    assert queue_state(row.pk) == stored
+    saved = Shipment.objects.get(pk=row.pk)
+    assert (saved.reference, saved.priority) == (reference, priority)

@@ -58,3 +58,45 @@ def test_three_workers_started_at_once_deliver_every_tick_exactly_once(spawn_wor
     assert len(installed) == len(set(installed))
     assert sorted(t for t in installed if t <= last) == expected
     assert Message.objects.filter(status__in=["failed", "cancelled"]).count() == 0
+
+
+def test_a_serving_worker_back_after_an_outage_runs_no_tick_past_its_grace(spawn_worker, settings):
+    """Every worker was stopped for 35 s under an every=5 schedule (grace 5 s): the
+    serving worker that comes back must not run the seven overdue ticks one after
+    another, up to 30 s late. Its first maintenance round (which cancels missed
+    ticks) runs on its own thread beside its first claims; whichever comes first, a
+    tick that ran started within its grace, and the others were cancelled as
+    missed."""
+    from django_delayq import clock
+    from django_delayq.cron.install import install_schedules
+
+    schedules = {"fives": {"every": 5, "queue": "ticks"}}
+    settings.DELAYQ = {**settings.DELAYQ, "SCHEDULES": schedules}
+    stopped = clock.now() - timedelta(seconds=35)
+    install_schedules(stopped)  # installed by the workers before they stopped
+    back = clock.now()
+    overdue = [
+        m.pk
+        for m in Message.objects.filter(key__startswith="cron:fives:")
+        if parse_key(m.key)[2] <= back
+    ]
+    assert len(overdue) >= 7
+
+    worker = spawn_worker("--queue", "ticks", env={"DELAYQ_TEST_SCHEDULES": json.dumps(schedules)})
+    wait_for(
+        lambda: (
+            not Message.objects.filter(pk__in=overdue, status__in=["pending", "running"]).exists()
+        ),
+        timeout=60,
+        message="the overdue ticks to be run or cancelled",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+
+    ran = Message.objects.filter(pk__in=overdue, status="succeeded")
+    late = {m.key: m.last_attempt_time - parse_key(m.key)[2] for m in ran}
+    assert all(by <= timedelta(seconds=5) for by in late.values()), late
+    missed = Message.objects.filter(pk__in=overdue, status="cancelled")
+    assert missed.count() >= len(overdue) - 2
+    assert all(m.last_error.startswith("Missed") for m in missed)
+    assert "missed" in worker.output

@@ -15,18 +15,19 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_delayq import clock, enqueue
+from django_delayq import clock, enqueue, enqueue_many
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
-from django_delayq.store import changes, sql
+from django_delayq.store import changes, queries, sql
 from tests.conftest import FakeClock, finishes_within
-from tests.store.tables import LEASE, Table, at, can, subset
+from tests.store.tables import LEASE, Table, analyze, at, can, copies, subset
 from tests.testapp.models import Shipment
 
 pytestmark = pytest.mark.django_db
@@ -335,12 +336,67 @@ def test_claim_of_a_superseded_row_starts_the_new_versions_first_attempt(
     fake_clock: FakeClock,
 ) -> None:
     pk = superseded_message(fake_clock)
-    fake_clock.advance(LEASE.total_seconds())
+    fake_clock.current = MESSAGE.state(pk)["scheduled_time"]  # the lease ran out long before
     claimed = MESSAGE.claim()
     assert [m.pk for m in claimed.messages] == [pk]
     state = MESSAGE.state(pk)
     assert (state["attempt_count"], state["superseded_at"]) == (1, None)
     assert state["payload"] == {"v": 2}
+
+
+HOUR = timedelta(hours=1)
+
+
+def _update_to_an_hour_later(how: str) -> None:
+    if how == "enqueue":
+        enqueue("q", {"v": 2}, key="k", delay=HOUR, on_conflict="update")
+    else:
+        (result,) = enqueue_many("q", [{"v": 2}], keys=["k"], delay=HOUR, on_conflict="update")
+        assert result.outcome == "updated"
+
+
+@pytest.mark.parametrize("how", ["enqueue", "enqueue_many"])
+def test_a_lapsed_lease_does_not_run_the_newer_version_before_its_due_time(
+    how: str, fake_clock: FakeClock
+) -> None:
+    """The worker running version 1 is killed; its lease lapses long before version 2
+    is due. The claim must wait for version 2's own time, as every other way out of
+    the attempt (an outcome, a shutdown, a dead worker's release) does."""
+    pk = enqueue("q", {"v": 1}, key="k").message.pk
+    assert [m.pk for m in MESSAGE.claim(lease=timedelta(seconds=5)).messages] == [pk]
+    fake_clock.advance(1)
+    _update_to_an_hour_later(how)
+    due = clock.now() + HOUR
+    fake_clock.advance(10)  # the lease has lapsed (the worker was SIGKILLed)
+
+    assert MESSAGE.claim().messages == []
+    # An idle worker sleeps until then rather than waking for the lapsed lease.
+    assert queries.next_due(Message, ["q"], using="default") == due
+    fake_clock.current = due - timedelta(microseconds=1)
+    assert MESSAGE.claim().messages == []
+
+    fake_clock.current = due
+    claimed = MESSAGE.claim()
+    assert [m.pk for m in claimed.messages] == [pk]
+    state = MESSAGE.state(pk)
+    assert (state["payload"], state["attempt_count"], state["superseded_at"]) == (
+        {"v": 2},
+        1,
+        None,
+    )
+
+
+def test_an_update_sooner_than_the_lease_keeps_the_running_attempts_lease(
+    fake_clock: FakeClock,
+) -> None:
+    pk = enqueue("q", {"v": 1}, key="k").message.pk
+    lease_end = MESSAGE.claim().messages[0].next_attempt_time
+    enqueue("q", {"v": 2}, key="k", on_conflict="update")  # due now: after the attempt
+    assert MESSAGE.state(pk)["next_attempt_time"] == lease_end
+    fake_clock.current = lease_end - timedelta(microseconds=1)
+    assert MESSAGE.claim().messages == []
+    fake_clock.current = lease_end
+    assert [m.pk for m in MESSAGE.claim().messages] == [pk]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -741,6 +797,22 @@ def test_extending_a_superseded_attempt_keeps_the_new_version_waiting(
     assert state["next_attempt_time"] == now + EXTENDED
 
 
+def test_extending_a_superseded_attempt_never_brings_the_new_version_forward(
+    fake_clock: FakeClock,
+) -> None:
+    """A lease shorter than the wait for the new version: the keeper's extension must
+    leave the row claimable at the new version's time, not when the lease ends."""
+    pk = superseded_message(fake_clock)
+    before = MESSAGE.state(pk)
+    fake_clock.advance(1)
+    assert changes.extend([pk], before["lock_token"], timedelta(seconds=5)) == {pk}
+    assert MESSAGE.state(pk)["next_attempt_time"] == before["scheduled_time"]
+    fake_clock.advance(10)  # the worker died after the extension
+    assert MESSAGE.claim().messages == []
+    fake_clock.current = before["scheduled_time"]
+    assert [m.pk for m in MESSAGE.claim().messages] == [pk]
+
+
 def test_releasing_a_dead_workers_superseded_row_leaves_the_new_version_due(
     fake_clock: FakeClock,
 ) -> None:
@@ -1042,6 +1114,30 @@ def test_edit_writes_only_the_named_columns(fake_clock: FakeClock) -> None:
     assert MESSAGE.state(pk) == before
 
 
+@pytest.mark.parametrize("status", ["pending", "running", "failed"])
+def test_edit_of_what_chooses_the_handler_leaves_a_running_message_alone(
+    status: str, fake_clock: FakeClock
+) -> None:
+    """Moved to another kind while it runs, a message would free a place under its
+    kind's global concurrency cap while its handler still runs."""
+    pk = MESSAGE.add(status=status, kind="old", priority=1)
+    message = Message.objects.get(pk=pk)
+    message.kind, message.priority = "new", 5
+    before = MESSAGE.state(pk)
+    now = fake_clock.advance(1)
+    if status == "running":
+        with pytest.raises(changes.EditRefused, match="kind cannot change while it runs"):
+            changes.edit(message, ["kind", "priority"])
+        assert MESSAGE.state(pk) == before  # nothing written
+        changes.edit(message, ["priority"])  # what does not choose the handler may change
+        assert (MESSAGE.state(pk)["kind"], MESSAGE.state(pk)["priority"]) == ("old", 5)
+        return
+    changes.edit(message, ["kind", "priority"])
+    state = MESSAGE.state(pk)
+    assert (state["kind"], state["priority"], state["updated_at"]) == ("new", 5, now)
+    assert changes.SCOPE_COLUMNS == {"queue", "kind"}
+
+
 def test_replace_failed_payload_changes_a_failed_message_only(fake_clock: FakeClock) -> None:
     failed = MESSAGE.add(status="failed", due=None, payload={"v": 1})
     pending = MESSAGE.add(payload={"v": 1})
@@ -1151,6 +1247,30 @@ def test_mark_scheduled_restarts_a_finished_row_and_keeps_an_active_rows_attempt
     changes.mark_scheduled(retrying, when)
     assert (retrying.attempt_count, retrying.last_error) == (2, "e")
     assert finished.pk is None  # nothing was saved
+
+
+OWN_COLUMNS = ["reference", "priority", "fail", "sleep", "shipped_at"]
+
+
+def test_plain_save_fields_are_a_rows_own_loaded_columns_and_what_was_marked_for_it() -> None:
+    pk = SHIPMENT.add()
+    row = Shipment.objects.get(pk=pk)
+    assert changes.plain_save_fields(row) == OWN_COLUMNS
+    assert changes.plain_save_fields(Shipment.objects.defer("sleep").get(pk=pk)) == [
+        c for c in OWN_COLUMNS if c != "sleep"
+    ]
+    changes.mark_scheduled(row, at(5))
+    marked = changes.plain_save_fields(row)
+    assert set(marked) == {*OWN_COLUMNS, "status", "next_attempt_time", "lock_token", "locked_by"}
+    changes.saved(row)
+    assert changes.plain_save_fields(row) == OWN_COLUMNS
+    row.status = "failed"
+    changes.mark_scheduled(row, at(5))  # a finished row: its attempts start again
+    assert {"attempt_count", "last_error", "last_traceback"} <= set(changes.plain_save_fields(row))
+    assert set(changes.QUEUE_COLUMN_NAMES) == {f.name for f in Shipment._meta.concrete_fields} - {
+        "id",
+        *OWN_COLUMNS,
+    }
 
 
 # -- prune -------------------------------------------------------------------------------
@@ -1308,6 +1428,34 @@ def test_cancel_ticks_cancels_only_pending_never_attempted_rows(
     del after[ticks["untouched"]], before[ticks["untouched"]]
     assert after == before
     assert changes.cancel_ticks([], reason="missed", now=now, using="default") == 0
+
+
+def test_miss_tick_cancels_a_claimed_tick_as_if_never_attempted(
+    ticks: dict[str, int], fake_clock: FakeClock
+) -> None:
+    pk = ticks["running"]
+    token = MESSAGE.state(pk)["lock_token"]
+    now = fake_clock.advance(1)
+    assert changes.miss_tick(pk, uuid.uuid4(), reason="missed", using="default") == 0
+    before = MESSAGE.states()
+
+    assert changes.miss_tick(pk, token, reason="missed", using="default") == 1
+
+    expected = {
+        "status": "cancelled",
+        "next_attempt_time": None,
+        "finished_at": now,
+        "updated_at": now,
+        "last_error": "missed",
+        "lock_token": None,
+        "attempt_count": 0,
+        "last_attempt_time": None,
+    }
+    assert subset(MESSAGE.state(pk), expected) == expected
+    after = MESSAGE.states()
+    del after[pk], before[pk]
+    assert after == before
+    assert changes.miss_tick(pk, token, reason="missed", using="default") == 0
 
 
 # -- ordered groups: group_clear, hold_back, release_groups, groups_of -----------------------
@@ -1496,6 +1644,150 @@ def test_release_groups_without_groups_sweeps_every_group(fake_clock: FakeClock)
     assert MESSAGE.state(blocked)["status"] == "failed"
     # A held message whose time has passed becomes due now.
     assert Message.objects.filter(group="a", status="pending").get().next_attempt_time == at(0)
+
+
+# More groups than a statement takes parameters: 65,535 on PostgreSQL with
+# server-side binding (DELAYQ_TEST_PREPARED=1), 32,766 on SQLite; MariaDB's
+# bound is its packet (megabytes), so there a few batches' worth checks the
+# same code.
+MANY_GROUPS = {"postgresql": 65_536, "sqlite": 32_767}.get(connection.vendor, 1_500)
+SQLITE_DEFAULT_VARIABLES = 32_766
+
+
+@pytest.fixture
+def parameter_limit() -> Any:
+    """SQLite's default cap on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER),
+    whatever the build of the library at hand (Debian's allows 250,000)."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    import sqlite3
+
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, SQLITE_DEFAULT_VARIABLES)
+    yield
+    raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+
+
+def test_release_groups_lets_go_past_more_groups_than_a_statement_takes_parameters(
+    fake_clock: FakeClock, parameter_limit: None
+) -> None:
+    """Every blocked group's first message once went into one ``pk IN (...)``: beyond
+    the parameter limit the sweep failed at every turn, and held messages whose
+    release a crash had missed were never let go."""
+    blocked = MESSAGE.add(key="bf0", group="b0", status="failed", due=None)
+    copies(blocked, MANY_GROUPS, key="bf", group="b")
+    behind = MESSAGE.add(key="bh0", group="b0", due=None)
+    copies(behind, MANY_GROUPS, key="bh", group="b")
+    # Groups whose first message is done: their held one (more than a batch) goes on.
+    done = MESSAGE.add(key="rs0", group="r0", status="succeeded", due=None)
+    copies(done, 1_000, key="rs", group="r")
+    held = MESSAGE.add(key="rh0", group="r0", due=None, scheduled_time=at(-5))
+    copies(held, 1_000, key="rh", group="r")
+    analyze()
+    freed = 1_001
+
+    def due(prefix: str) -> int:
+        return Message.objects.filter(key__startswith=prefix, next_attempt_time=at(0)).count()
+
+    assert changes.release_groups() == freed
+    assert (due("rh"), due("bh")) == (freed, 0)
+    assert changes.release_groups() == 0
+
+    Message.objects.filter(key__startswith="rh").update(next_attempt_time=None)
+    pairs = {("q", f"b{i}") for i in range(MANY_GROUPS + 1)}
+    pairs |= {("q", f"r{i}") for i in range(freed)}
+    assert changes.release_groups(pairs) == freed
+    assert (due("rh"), due("bh")) == (freed, 0)
+
+
+def test_hold_back_looks_at_more_messages_than_a_statement_takes_parameters(
+    parameter_limit: None,
+) -> None:
+    """``enqueue_many`` of that many grouped messages hands them all to hold_back.
+
+    Each of the many is the first of its group, in a queue of its own: on
+    SQLite the probe for an earlier message reads its queue's rows (it
+    cannot use the partial group index with bound values), and one queue of
+    all of them would make this test quadratic.
+    """
+    blocked = MESSAGE.add(key="f0", group="g0", status="failed", due=None)
+    behind = {MESSAGE.add(key=f"h{i}", group="g0") for i in range(3)}
+    first = MESSAGE.add(key="n0", group="n0", queue="n0")
+    copies(first, MANY_GROUPS, key="n", group="n", queue="n")
+    analyze()
+    written = {
+        pk: SimpleNamespace(queue=queue)
+        for pk, queue in Message.objects.exclude(pk=blocked).values_list("pk", "queue")
+    }
+    assert len(written) > MANY_GROUPS
+    assert changes.hold_back(written, using="default") == behind
+    held = Message.objects.filter(next_attempt_time__isnull=True, status="pending")
+    assert set(held.values_list("pk", flat=True)) == behind
+
+
+# Every change given a list that can grow without bound, with more values
+# than a statement binds (the list is a queryset's ids, or a batch size);
+# hold_back has a test of its own above, one queue per message.
+BOUNDLESS: dict[str, Callable[[list[int]], int]] = {
+    "delete_ticks": lambda ids: changes.delete_ticks(ids, using="default"),
+    "cancel_ticks": lambda ids: changes.cancel_ticks(
+        ids, reason="Missed", now=clock.now(), using="default"
+    ),
+    "prune": lambda ids: changes.prune(at(1), batch_size=len(ids) + 10),
+    "release_groups": lambda ids: changes.release_groups({("q", f"g{i}") for i in range(len(ids))}),
+}
+
+
+@pytest.mark.parametrize("name", BOUNDLESS)
+def test_no_change_binds_a_parameter_per_value_of_an_unbounded_list(
+    name: str, fake_clock: FakeClock, parameter_limit: None
+) -> None:
+    finished = name == "prune"
+    template = MESSAGE.add(
+        key="m0",
+        group="g0",
+        due=None if finished else at(60),
+        status="succeeded" if finished else "pending",
+        finished_at=at(-1) if finished else None,
+    )
+    copies(template, MANY_GROUPS, key="m", group="g")
+    analyze()
+    ids = list(Message.objects.values_list("pk", flat=True))
+    assert len(ids) > MANY_GROUPS
+    done = BOUNDLESS[name](ids)
+    left = Message.objects.count()
+    assert (done, left) == {
+        "delete_ticks": (len(ids), 0),
+        "cancel_ticks": (len(ids), len(ids)),
+        "prune": (len(ids), 0),
+        "release_groups": (0, len(ids)),
+    }[name]
+    if name == "cancel_ticks":
+        assert not Message.objects.exclude(status="cancelled").exists()
+
+
+def test_batches_cuts_a_list_into_consecutive_lists_of_at_most_its_size() -> None:
+    assert list(changes.batches([1, 2, 3, 4, 5], 2)) == [[1, 2], [3, 4], [5]]
+    assert list(changes.batches([], 2)) == []
+    assert [len(b) for b in changes.batches(list(range(1001)))] == [
+        changes.IN_BATCH,
+        changes.IN_BATCH,
+        1001 - 2 * changes.IN_BATCH,
+    ]
+
+
+def test_the_sweep_lets_groups_go_on_past_a_failure_only_where_their_queue_says_so(
+    settings: Any, fake_clock: FakeClock
+) -> None:
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"c": {"GROUP_AFTER_FAILURE": "continue"}}}
+    for queue in ("q", "c"):
+        MESSAGE.add(queue=queue, group="g", status="failed", due=None)
+        MESSAGE.add(queue=queue, group="g", due=None, key=f"behind-{queue}")
+    assert changes.release_groups() == 1
+    released = Message.objects.filter(next_attempt_time__isnull=False, status="pending")
+    assert list(released.values_list("key", flat=True)) == ["behind-c"]
 
 
 def test_groups_of_names_the_groups_of_a_selection() -> None:

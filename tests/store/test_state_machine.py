@@ -2,9 +2,12 @@
 
 Hypothesis drives enqueue (ignore / update on conflict), claim, ack, fail
 (retry or give up), snooze, release, lease extension, cancel, retry of
-failed messages and the passing of time (lease expiry) in any order. After
-every step each row must be in a possible state, and every call made with a
-lock token that no longer holds the message must change nothing.
+failed messages, a dead worker's release and the passing of time (lease
+expiry) in any order. After every step each row must be in a possible state,
+every call made with a lock token that no longer holds the message must
+change nothing, and no version of a message may start before its due time
+(an update of a running message waits for the attempt's end *and* its own
+time, however the attempt ends: an outcome, a release, a lease that lapses).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_delayq import clock, enqueue, operations
+from django_delayq import clock, enqueue, enqueue_many, operations
 from django_delayq.models import Message
 from django_delayq.store import changes
 from tests.conftest import FakeClock
@@ -61,20 +64,32 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(
         key=st.sampled_from(KEYS),
-        delay=st.sampled_from([0, 5, 120]),
+        delay=st.sampled_from([0, 5, 120, 3600]),
         on_conflict=st.sampled_from(["ignore", "update"]),
         priority=st.integers(-1, 1),
+        many=st.booleans(),
     )
-    def enqueue(self, key: str, delay: int, on_conflict: str, priority: int) -> None:
+    def enqueue(self, key: str, delay: int, on_conflict: str, priority: int, many: bool) -> None:
         before = {m["key"]: m for m in snapshot().values()}
-        result = enqueue(
-            "default",
-            {"key": key},
-            key=key,
-            delay=delay,
-            priority=priority,
-            on_conflict=on_conflict,
-        )
+        due = self.clock() + timedelta(seconds=delay)
+        if many:  # a document of rows rather than one row's values
+            (result,) = enqueue_many(
+                "default",
+                [{"key": key}],
+                keys=[key],
+                delay=delay,
+                priority=priority,
+                on_conflict=on_conflict,
+            )
+        else:
+            result = enqueue(
+                "default",
+                {"key": key},
+                key=key,
+                delay=delay,
+                priority=priority,
+                on_conflict=on_conflict,
+            )
         after = Message.objects.get(pk=result.message.pk).as_dict()
         old = before.get(key)
         if old is None:
@@ -85,10 +100,10 @@ class QueueMachine(RuleBasedStateMachine):
         elif old["status"] == "running":
             # The new version never runs beside the old one: the running
             # attempt keeps its token and lease, and the new version waits
-            # for it to end (superseded_at).
+            # for it to end (superseded_at), and for its own due time.
             assert result.outcome == "updated"
             assert (after["status"], after["lock_token"]) == ("running", old["lock_token"])
-            assert after["next_attempt_time"] == old["next_attempt_time"]
+            assert after["next_attempt_time"] == max(old["next_attempt_time"], due)
             assert after["attempt_count"] == old["attempt_count"]
             assert after["superseded_at"] is not None
             assert after["payload"] == {"key": key} and after["priority"] == priority
@@ -113,6 +128,8 @@ class QueueMachine(RuleBasedStateMachine):
         for message in got.messages:
             assert message.status == "running" and message.lock_token == got.token
             old = before[message.pk]
+            if old["superseded_at"] is not None:
+                assert old["scheduled_time"] <= now, "ran a newer version before its due time"
             # A newer version that waited (its lease ran out) starts at attempt 1.
             expected = 1 if old["superseded_at"] else old["attempt_count"] + 1
             assert message.attempt_count == expected
@@ -123,8 +140,8 @@ class QueueMachine(RuleBasedStateMachine):
             self.claims.append((got.token, ids))
 
     @precondition(lambda self: self.claims)
-    @rule(data=st.data(), op=st.sampled_from(SETTLES))
-    def settle(self, data: st.DataObject, op: str) -> None:
+    @rule(data=st.data(), op=st.sampled_from(SETTLES), lease=st.sampled_from([5, 30]))
+    def settle(self, data: st.DataObject, op: str, lease: int) -> None:
         token, ids = data.draw(st.sampled_from(self.claims))
         pk = data.draw(st.sampled_from(ids))
         if data.draw(st.booleans().map(lambda forged: forged and op != "extend")):
@@ -142,7 +159,7 @@ class QueueMachine(RuleBasedStateMachine):
             ),
             "release_started": lambda: changes.release([pk], token, started=True),
             "release_unstarted": lambda: changes.release([pk], token, started=False),
-            "extend": lambda: len(changes.extend([pk], token, timedelta(seconds=30))),
+            "extend": lambda: len(changes.extend([pk], token, timedelta(seconds=lease))),
         }[op]()
         after = Message.objects.get(pk=pk).as_dict()
         if not holds:
@@ -183,6 +200,24 @@ class QueueMachine(RuleBasedStateMachine):
         if before["status"] == "pending":
             assert after["status"] == "cancelled"
 
+    @rule()
+    def release_dead_worker(self) -> None:
+        """The worker "w" was found dead: its running messages are handed back."""
+        before = snapshot()
+        changes.release_workers(["w"])
+        for pk, after in snapshot().items():
+            old = before[pk]
+            if old["status"] != "running":
+                assert after == old
+            elif old["superseded_at"] is not None:
+                expected = ("pending", old["scheduled_time"], 0)
+                assert (after["status"], after["next_attempt_time"], after["attempt_count"]) == (
+                    expected
+                )
+                self.attempts[pk] = 0
+            else:
+                assert (after["status"], after["next_attempt_time"]) == ("pending", self.clock())
+
     @rule(key=st.sampled_from(KEYS))
     def retry_failed(self, key: str) -> None:
         operations.retry_failed(Message.objects.filter(key=key))
@@ -200,6 +235,8 @@ class QueueMachine(RuleBasedStateMachine):
             assert m.status in Message.Status.values, where
             if m.superseded_at is not None:
                 assert m.status == "running", where
+                # Claimable (next_attempt_time) no sooner than the new version is due.
+                assert m.next_attempt_time >= m.scheduled_time, where
             if m.status == "running":
                 assert m.lock_token is not None and m.next_attempt_time is not None, where
                 assert m.attempt_count >= 1 and m.locked_by == "w", where

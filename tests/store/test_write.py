@@ -332,9 +332,11 @@ def assert_updated(old: Message, row: Message, new: dict[str, Any]) -> None:
     assert exact(row.payload) == exact(new["payload"])
     assert row.finished_at is None
     if old.status == "running":
-        # The running attempt goes on; the new version waits for its end.
-        kept = (row.status, row.lock_token, row.next_attempt_time, row.attempt_count)
-        assert kept == ("running", old.lock_token, old.next_attempt_time, old.attempt_count)
+        # The running attempt goes on; the new version waits for its end, and
+        # the row is not claimable before either the lease or the new due time.
+        kept = (row.status, row.lock_token, row.attempt_count)
+        assert kept == ("running", old.lock_token, old.attempt_count)
+        assert row.next_attempt_time == max(old.next_attempt_time, new["due"])
         assert row.superseded_at == at(0)
         return
     assert (row.status, row.next_attempt_time, row.lock_token) == ("pending", new["due"], None)
@@ -490,8 +492,8 @@ def test_bulk_load_writes_what_enqueue_many_writes(on_conflict: str, fake_clock:
     for queue in ("by-enqueue", "by-load"):
         enqueue_many(
             queue,
-            [{"v": 1}] * 4 + [{"s": "a"}],
-            keys=["same", "changed", "finished", "running", "case"],
+            [{"v": 1}] * 5 + [{"s": "a"}],
+            keys=["same", "changed", "finished", "running", "lapsed", "case"],
         )
         Message.objects.filter(queue=queue, key="finished").update(
             status="failed", next_attempt_time=None, finished_at=at(0), attempt_count=3
@@ -499,12 +501,16 @@ def test_bulk_load_writes_what_enqueue_many_writes(on_conflict: str, fake_clock:
         Message.objects.filter(queue=queue, key="running").update(
             status="running", lock_token=LOCK_TOKEN, next_attempt_time=at(30), attempt_count=1
         )
+        # A lease that lapsed before the new version's due time (its worker died).
+        Message.objects.filter(queue=queue, key="lapsed").update(
+            status="running", lock_token=LOCK_TOKEN, next_attempt_time=at(-30), attempt_count=1
+        )
     fake_clock.advance(1)
     rows = [("same", {"v": 1}), ("changed", {"v": 2}), ("finished", {"v": 2})]
     rows += [("new", {"v": 1}), ("dup", {"v": 1}), ("dup", {"v": 2})]
     # A running message's new version waits for its attempt; a payload that
     # differs only in case differs (whatever the payload column's collation).
-    rows += [("running", {"v": 2}), ("case", {"s": "A"})]
+    rows += [("running", {"v": 2}), ("lapsed", {"v": 2}), ("case", {"s": "A"})]
 
     results = enqueue_many(
         "by-enqueue", [p for _, p in rows], keys=[k for k, _ in rows], on_conflict=on_conflict
@@ -518,6 +524,10 @@ def test_bulk_load_writes_what_enqueue_many_writes(on_conflict: str, fake_clock:
         }
 
     assert table("by-load") == table("by-enqueue")
+    if on_conflict == "update":
+        # Not claimable before the new version's due time, nor before the lease ends.
+        assert table("by-load")["lapsed"]["next_attempt_time"] == at(0)
+        assert table("by-load")["running"]["next_attempt_time"] == at(29)
     # The loader counts the first occurrence of a repeated key only.
     firsts = [r.outcome for r, (k, _) in zip(results, rows, strict=True) if k != "dup"]
     firsts.append(results[4].outcome)

@@ -40,8 +40,11 @@ ON CONFLICT ({queue}, {key}) DO NOTHING
 -- (a finished message runs again, from attempt 1), unless nothing differs.
 -- A running message keeps its attempt (lock token and lease): the new
 -- version waits (superseded_at) and is due at its scheduled time once that
--- attempt ends, so it never runs beside it. {distinct} and {payload_distinct}
--- are the database's own comparisons (the fragments of the same names).
+-- attempt ends, so it never runs beside it. Its next_attempt_time becomes
+-- the later of the lease and the new due time: it stays when the row may
+-- next be claimed, so a lease that lapses (a killed worker) does not run the
+-- new version before its time. {distinct} and {payload_distinct} are the
+-- database's own comparisons (the fragments of the same names).
 ON CONFLICT ({queue}, {key}) DO UPDATE SET
     "payload" = excluded."payload",
     "kind" = excluded."kind",
@@ -49,8 +52,9 @@ ON CONFLICT ({queue}, {key}) DO UPDATE SET
     "max_attempts" = excluded."max_attempts",
     "scheduled_time" = excluded."scheduled_time",
     "updated_at" = excluded."updated_at",
-    "next_attempt_time" = CASE WHEN {table}."status" = 'running'
-        THEN {table}."next_attempt_time" ELSE excluded."next_attempt_time" END,
+    "next_attempt_time" = CASE WHEN {table}."status" <> 'running'
+            OR excluded."next_attempt_time" > {table}."next_attempt_time"
+        THEN excluded."next_attempt_time" ELSE {table}."next_attempt_time" END,
     "superseded_at" = CASE WHEN {table}."status" = 'running'
         THEN excluded."updated_at" ELSE NULL END,
     "attempt_count" = CASE WHEN {table}."status" IN ('succeeded', 'failed', 'cancelled')

@@ -99,8 +99,9 @@ src.due
 -- each assignment seeing the ones before (MariaDB too, unless its
 -- SIMULTANEOUS_ASSIGNMENT mode is on): the columns {changed} reads come last,
 -- status the very last, so it means the same under either order. A row left
--- alone counts 0 affected rows, an updated one 2. Every column is qualified:
--- the source has columns of the same names.
+-- alone counts 0 affected rows, an updated one 2. A running row's due time
+-- becomes the later of its lease and the new version's, as in update_conflicts.
+-- Every column is qualified: the source has columns of the same names.
 ON DUPLICATE KEY UPDATE
     {table}.`scheduled_time` = IF({changed}, VALUES(`scheduled_time`), {table}.`scheduled_time`),
     {table}.`updated_at` = IF({changed}, VALUES(`updated_at`), {table}.`updated_at`),
@@ -114,7 +115,7 @@ ON DUPLICATE KEY UPDATE
     {table}.`kind` = IF({changed}, VALUES(`kind`), {table}.`kind`),
     {table}.`priority` = IF({changed}, VALUES(`priority`), {table}.`priority`),
     {table}.`max_attempts` = IF({changed}, VALUES(`max_attempts`), {table}.`max_attempts`),
-    {table}.`next_attempt_time` = IF({changed} AND {table}.`status` <> 'running', VALUES(`next_attempt_time`), {table}.`next_attempt_time`),
+    {table}.`next_attempt_time` = IF({changed} AND ({table}.`status` <> 'running' OR VALUES(`next_attempt_time`) > {table}.`next_attempt_time`), VALUES(`next_attempt_time`), {table}.`next_attempt_time`),
     {table}.`status` = IF({changed} AND {table}.`status` <> 'running', 'pending', {table}.`status`)
 
 -- name: archived_versions
