@@ -289,13 +289,23 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
 
 @register(Tags.compatibility)
 def check_health(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
-    """``HEALTH_PORT`` / ``HEALTH_ADDRESS`` (E032): caught before a worker tries to listen."""
+    """``HEALTH_PORT`` / ``HEALTH_ADDRESS`` / ``HEALTH_SHOW_WORKER`` (E032): caught before
+    a worker tries to listen."""
     from django.conf import settings
 
     user = getattr(settings, "DELAYQ", {})
     if not isinstance(user, dict):
         return []  # E001 already says so
-    return _server_errors(user, "HEALTH", "django_delayq.E032")
+    errors = _server_errors(user, "HEALTH", "django_delayq.E032")
+    show = user.get("HEALTH_SHOW_WORKER", False)
+    if not isinstance(show, bool):
+        errors.append(
+            Error(
+                f"DELAYQ: HEALTH_SHOW_WORKER must be True or False, got {show!r}",
+                id="django_delayq.E032",
+            )
+        )
+    return errors
 
 
 def _server_errors(user: dict[str, Any], prefix: str, check_id: str) -> list[Error | Warning]:

@@ -88,8 +88,11 @@ DEFAULTS: dict[str, Any] = {
     # Serve Prometheus metrics from run_delayq on this port (needs the
     # ``prometheus`` extra); None: no metrics. ``--metrics-port`` overrides.
     "METRICS_PORT": None,
-    # Address the metrics server listens on ("" or "0.0.0.0": every IPv4 one).
-    "METRICS_ADDRESS": "0.0.0.0",
+    # Address the metrics server listens on: the loopback interface by
+    # default, so only this host scrapes it; "0.0.0.0" (or ""): every IPv4
+    # interface, "::": every IPv6 one, for a Prometheus on another host or
+    # outside the container (see the security page).
+    "METRICS_ADDRESS": "127.0.0.1",
     # How often a worker samples queue depth and lag for its metrics.
     "METRICS_INTERVAL": timedelta(seconds=15),
     # Serve /healthz (alive: the claim loop turns) and /readyz (ready: it
@@ -98,9 +101,15 @@ DEFAULTS: dict[str, Any] = {
     # run_delayq on this port, for a supervisor's probes; None: no health
     # server. ``--health-port`` overrides.
     "HEALTH_PORT": None,
-    # Address the health server listens on ("" or "0.0.0.0": every IPv4 one;
-    # "::": every IPv6 one).
-    "HEALTH_ADDRESS": "0.0.0.0",
+    # Address the health server listens on: the loopback interface by
+    # default; "0.0.0.0" (or ""): every IPv4 interface, "::": every IPv6 one,
+    # for probes from outside the host or container (Kubernetes' kubelet
+    # probes the pod's IP: see the deployment guide).
+    "HEALTH_ADDRESS": "127.0.0.1",
+    # Whether /healthz and /readyz name the worker in their answers
+    # ("worker": its name, host:pid by default). Off: whoever reaches the
+    # port learns the worker's state, not the host's name and process id.
+    "HEALTH_SHOW_WORKER": False,
     # How long a worker keeps reconnecting to an unreachable database before
     # it stops and exits with status 75, so that its supervisor restarts it
     # (or alerts); what it held comes back by lease expiry. None: reconnect
