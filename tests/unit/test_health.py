@@ -342,9 +342,9 @@ def test_bad_health_settings_are_reported(value: dict, expected: list[str]):
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--health-port", "0", "positive integer"),
+        ("--health-port", "0", "TCP port"),
         ("--health-port", "70000", "TCP port"),
-        ("--health-port", "http", "positive integer"),
+        ("--health-port", "http", "whole number"),
         ("--database-outage-limit", "0", "positive number of seconds"),
         ("--database-outage-limit", "-3", "positive number of seconds"),
         ("--database-outage-limit", "nan", "positive number of seconds"),
