@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import difflib
 from datetime import timedelta
 from typing import Any
 
 from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq.conf import DEFAULTS, DURATION_SETTINGS, MAX_DELAY
+from django_delayq.conf import (
+    DEFAULTS,
+    DURATION_SETTINGS,
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    MAX_DELAY,
+    MAX_PRUNE_BATCH_SIZE,
+    PAYLOAD_SIZE_LIMIT,
+)
 from django_delayq.models import MAX_ATTEMPTS_LIMIT
 
-POSITIVE_INTS = ("BATCH_SIZE", "CONCURRENCY", "MAX_ATTEMPTS", "PRUNE_BATCH_SIZE")
+#: The integer settings, and the most each may be.
+POSITIVE_INTS = {
+    "BATCH_SIZE": MAX_BATCH_SIZE,
+    "CONCURRENCY": MAX_CONCURRENCY,
+    "MAX_ATTEMPTS": MAX_ATTEMPTS_LIMIT,
+    "PRUNE_BATCH_SIZE": MAX_PRUNE_BATCH_SIZE,
+}
 QUEUE_KEYS = (
     "LEASE",
     "MAX_ATTEMPTS",
@@ -83,10 +98,10 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
                     id="django_delayq.E004",
                 )
             )
-        elif name == "MAX_ATTEMPTS" and value > MAX_ATTEMPTS_LIMIT:
+        elif value > POSITIVE_INTS[name]:
             errors.append(
                 Error(
-                    f"{where}MAX_ATTEMPTS must be at most {MAX_ATTEMPTS_LIMIT}, got {value!r}",
+                    f"{where}{name} must be at most {POSITIVE_INTS[name]:,}, got {value!r}",
                     id="django_delayq.E004",
                 )
             )
@@ -97,6 +112,14 @@ def _check_value(name: str, value: Any, where: str) -> list[Error]:
             errors.append(
                 Error(
                     f"{where}MAX_PAYLOAD_SIZE must be a positive integer or None, got {value!r}",
+                    id="django_delayq.E004",
+                )
+            )
+        elif value is not None and value > PAYLOAD_SIZE_LIMIT:
+            errors.append(
+                Error(
+                    f"{where}MAX_PAYLOAD_SIZE must be at most {PAYLOAD_SIZE_LIMIT:,} bytes "
+                    f"(255 MiB, what PostgreSQL's jsonb holds), got {value!r}",
                     id="django_delayq.E004",
                 )
             )
@@ -163,6 +186,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         return errors
     for queue, overrides in queues.items():
         where = f"DELAYQ['QUEUES'][{queue!r}]: "
+        from django_delayq.registry import validate_queue_name
+
+        try:
+            validate_queue_name(queue)
+        except (TypeError, ValueError) as exc:
+            errors.append(
+                Error(
+                    f"DELAYQ['QUEUES'] has a key that is not a queue: {exc}",
+                    id="django_delayq.E006",
+                )
+            )
+            continue
         if not isinstance(overrides, dict):
             errors.append(Error(f"{where}must be a dict", id="django_delayq.E006"))
             continue
@@ -178,6 +213,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                 continue
             errors.extend(_check_value(name, value, where))
     return errors
+
+
+@register(Tags.models)
+def check_queue_names(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
+    """Queues of ``DELAYQ["QUEUES"]`` that no handler of the project consumes (W002).
+
+    Their settings apply to nothing here: most often a typo of a queue's
+    name, which would otherwise leave the real queue with the defaults.
+    (Handlers are registered once the apps are ready: a models check.)
+    """
+    from django_delayq.conf import get_config
+    from django_delayq.registry import registry
+
+    queues = get_config()["QUEUES"]
+    if not isinstance(queues, dict):
+        return []  # E006 says so
+    known = set(registry.queues())
+    problems: list[Error | Warning] = []
+    for queue in queues:
+        if isinstance(queue, str) and queue not in known:
+            close = difflib.get_close_matches(queue, sorted(known), n=1)
+            problems.append(
+                Warning(
+                    f"DELAYQ['QUEUES'] sets {queue!r}, which no handler of this project "
+                    "consumes: its settings apply to nothing here",
+                    hint=(f"did you mean {close[0]!r}? " if close else "")
+                    + f"queues with a handler: {', '.join(sorted(known)) or 'none'}",
+                    id="django_delayq.W002",
+                )
+            )
+    return problems
 
 
 @register(Tags.compatibility)
@@ -289,13 +355,23 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error | Warnin
 
 @register(Tags.compatibility)
 def check_health(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
-    """``HEALTH_PORT`` / ``HEALTH_ADDRESS`` (E032): caught before a worker tries to listen."""
+    """``HEALTH_PORT`` / ``HEALTH_ADDRESS`` / ``HEALTH_SHOW_WORKER`` (E032): caught before
+    a worker tries to listen."""
     from django.conf import settings
 
     user = getattr(settings, "DELAYQ", {})
     if not isinstance(user, dict):
         return []  # E001 already says so
-    return _server_errors(user, "HEALTH", "django_delayq.E032")
+    errors = _server_errors(user, "HEALTH", "django_delayq.E032")
+    show = user.get("HEALTH_SHOW_WORKER", False)
+    if not isinstance(show, bool):
+        errors.append(
+            Error(
+                f"DELAYQ: HEALTH_SHOW_WORKER must be True or False, got {show!r}",
+                id="django_delayq.E032",
+            )
+        )
+    return errors
 
 
 def _server_errors(user: dict[str, Any], prefix: str, check_id: str) -> list[Error | Warning]:

@@ -34,9 +34,9 @@ DEFAULTS: dict[str, Any] = {
     # Messages claimed per round trip. None: adaptive, sized to about 0.1 s of
     # the queue's recent work (from one per handler slot for slow handlers
     # up to 100 for fast ones); a worker also claims the next batch while
-    # the current one runs.
+    # the current one runs. At most 10,000.
     "BATCH_SIZE": None,
-    # Handler threads per worker process.
+    # Handler threads per worker process, 1 to 1,000.
     "CONCURRENCY": 1,
     # Attempts before a message is marked failed (handler option overrides).
     "MAX_ATTEMPTS": 5,
@@ -46,11 +46,13 @@ DEFAULTS: dict[str, Any] = {
     # Finished messages are kept this long, then pruned.
     "RETENTION": timedelta(days=7),
     # Rows deleted per pruning statement (bounded so a prune never holds
-    # long locks on a big table).
+    # long locks on a big table), 1 to 10,000.
     "PRUNE_BATCH_SIZE": 1000,
     # How often a running worker prunes; None disables worker pruning.
     "PRUNE_INTERVAL": timedelta(minutes=5),
-    # Largest accepted payload, in bytes of its JSON encoding; None: no limit.
+    # Largest accepted payload, in bytes of its JSON encoding, at most 255 MiB
+    # (what PostgreSQL's jsonb holds); None: no limit of this app's (the
+    # database's own still applies).
     "MAX_PAYLOAD_SIZE": 1024 * 1024,
     # On SIGTERM/SIGINT, how long in-flight handlers may run before their
     # messages are released for redelivery.
@@ -74,7 +76,8 @@ DEFAULTS: dict[str, Any] = {
     # it the attempt is recorded as failed and retried by the retry policy.
     # None: no limit (the lease keeper keeps the message while it runs).
     "TIME_LIMIT": None,
-    # Per-queue settings, by queue name: overrides of LEASE, MAX_ATTEMPTS,
+    # Per-queue settings, by queue name (a queue no handler consumes is the
+    # warning W002: a typo?): overrides of LEASE, MAX_ATTEMPTS,
     # RETRY_POLICY, CONCURRENCY and TIME_LIMIT, and the queue's flow control
     # across every worker: RATE_LIMIT ("100/m"), GLOBAL_CONCURRENCY (3) and
     # GROUP_AFTER_FAILURE ("block" or "continue"), which exist per queue only.
@@ -88,8 +91,11 @@ DEFAULTS: dict[str, Any] = {
     # Serve Prometheus metrics from run_delayq on this port (needs the
     # ``prometheus`` extra); None: no metrics. ``--metrics-port`` overrides.
     "METRICS_PORT": None,
-    # Address the metrics server listens on ("" or "0.0.0.0": every IPv4 one).
-    "METRICS_ADDRESS": "0.0.0.0",
+    # Address the metrics server listens on: the loopback interface by
+    # default, so only this host scrapes it; "0.0.0.0" (or ""): every IPv4
+    # interface, "::": every IPv6 one, for a Prometheus on another host or
+    # outside the container (see the security page).
+    "METRICS_ADDRESS": "127.0.0.1",
     # How often a worker samples queue depth and lag for its metrics.
     "METRICS_INTERVAL": timedelta(seconds=15),
     # Serve /healthz (alive: the claim loop turns) and /readyz (ready: it
@@ -98,9 +104,15 @@ DEFAULTS: dict[str, Any] = {
     # run_delayq on this port, for a supervisor's probes; None: no health
     # server. ``--health-port`` overrides.
     "HEALTH_PORT": None,
-    # Address the health server listens on ("" or "0.0.0.0": every IPv4 one;
-    # "::": every IPv6 one).
-    "HEALTH_ADDRESS": "0.0.0.0",
+    # Address the health server listens on: the loopback interface by
+    # default; "0.0.0.0" (or ""): every IPv4 interface, "::": every IPv6 one,
+    # for probes from outside the host or container (Kubernetes' kubelet
+    # probes the pod's IP: see the deployment guide).
+    "HEALTH_ADDRESS": "127.0.0.1",
+    # Whether /healthz and /readyz name the worker in their answers
+    # ("worker": its name, host:pid by default). Off: whoever reaches the
+    # port learns the worker's state, not the host's name and process id.
+    "HEALTH_SHOW_WORKER": False,
     # How long a worker keeps reconnecting to an unreachable database before
     # it stops and exits with status 75, so that its supervisor restarts it
     # (or alerts); what it held comes back by lease expiry. None: reconnect
@@ -149,6 +161,30 @@ DURATION_SETTINGS = (
 #: years: a due time computed from one stays far inside what every database
 #: and Python's ``datetime`` hold (up to the year 9999).
 MAX_DELAY = timedelta(days=365_000)
+
+
+#: The most handler threads (``CONCURRENCY``, ``--concurrency``, a queue's or a
+#: handler's ``concurrency``) a worker process runs: each is a thread with its own
+#: database connection.
+MAX_CONCURRENCY = 1_000
+#: The most messages one claim takes (``BATCH_SIZE``, ``--batch-size``).
+MAX_BATCH_SIZE = 10_000
+#: The most rows one pruning statement deletes (``PRUNE_BATCH_SIZE``,
+#: ``delayq_prune --batch-size``): their ids are the statement's parameters, and
+#: SQLite takes at most 32,766.
+MAX_PRUNE_BATCH_SIZE = 10_000
+#: The largest ``MAX_PAYLOAD_SIZE``, in bytes: 255 MiB, what PostgreSQL's jsonb holds.
+PAYLOAD_SIZE_LIMIT = 255 * 1024 * 1024
+
+
+def check_count(value: object, name: str, high: int = MAX_CONCURRENCY) -> int:
+    """``value`` if it is an int (not a bool) from 1 to ``high``, else a ``TypeError`` or
+    ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer from 1 to {high:,}, got {value!r}")
+    if not 1 <= value <= high:
+        raise ValueError(f"{name} must be from 1 to {high:,}, got {value!r}")
+    return value
 
 
 def to_timedelta(value: timedelta | int | float, name: str = "") -> timedelta:

@@ -14,9 +14,9 @@ of new messages.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial, wraps
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -80,12 +80,21 @@ def resolve_run_at(
                 "run_at is a naive datetime while USE_TZ is True; pass an aware datetime "
                 "(e.g. django.utils.timezone.now() + timedelta(...))"
             )
+        if not settings.USE_TZ and timezone.is_aware(run_at):
+            raise ValueError(
+                "run_at is an aware datetime while USE_TZ is False; pass a naive datetime "
+                "in TIME_ZONE (e.g. django.utils.timezone.make_naive(run_at))"
+            )
         earliest, latest = RUN_AT_RANGE
         if not earliest <= run_at.replace(tzinfo=None) < latest:
             raise ValueError(
                 f"run_at {run_at.isoformat()} is out of range: it must be from "
                 f"{earliest.date()} to {latest.date()}"
             )
+        if timezone.is_aware(run_at):
+            # The same instant in UTC: a database need not know the caller's
+            # offset (PostgreSQL refuses those past 15:59; Python allows 23:59).
+            return run_at.astimezone(UTC)
         return run_at
     if delay is not None:
         return now + check_delay(delay, "delay")
@@ -185,7 +194,7 @@ def enqueue_many(
     validate_queue_name(queue)
     validate_kind(kind)
     check_group(group)
-    payloads = list(payloads)
+    payloads = _payload_list(payloads)
     group_of = _groups(groups, group, len(payloads))
     if keys is None:
         key_list = [uuid.uuid4().hex for _ in payloads]
@@ -275,6 +284,26 @@ def enqueue_many(
     return _results(key_list, first_index, outcomes, on_conflict)
 
 
+def _payload_list(payloads: Iterable[Any]) -> list[Any]:
+    """``payloads`` as a list: an iterable of payloads, one per message.
+
+    A str, bytes or a mapping is one payload, not several: iterating it would
+    enqueue a message per character, byte or key.
+    """
+    if isinstance(payloads, str | bytes | bytearray | memoryview | Mapping):
+        raise TypeError(
+            f"payloads must be an iterable of payloads (a list, one per message), not a "
+            f"single {type(payloads).__name__}; use enqueue() for one message, or "
+            "enqueue_many(queue, [payload])"
+        )
+    try:
+        return list(payloads)
+    except TypeError:
+        raise TypeError(
+            f"payloads must be an iterable of payloads, got {type(payloads).__name__}"
+        ) from None
+
+
 def _groups(groups: Sequence[str] | None, group: str, count: int) -> list[str] | None:
     """Each payload's group, when ``groups`` gives them (checked); None: ``group`` for all."""
     if groups is None:
@@ -341,7 +370,7 @@ def _read_payloads(
     queue: Any, payloads: Iterable[Any], **options: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     # An iterable of payloads is read in the async caller's thread.
-    return (queue, list(payloads)), options
+    return (queue, _payload_list(payloads)), options
 
 
 aenqueue = _awaitable(

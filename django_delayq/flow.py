@@ -39,6 +39,8 @@ PERIODS = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(
 RATE_RE = re.compile(r"(?P<count>[0-9]+)\s*/\s*(?P<period>[smh])")
 #: The most starts a rate may allow per period (its sliding window is a log).
 MAX_RATE = 100_000
+#: The largest global concurrency cap (``GLOBAL_CONCURRENCY``, ``global_concurrency=``).
+MAX_CAP = 1_000_000
 GROUP_AFTER_FAILURE = ("block", "continue")
 GROUP_MAX_LENGTH = 200
 
@@ -76,8 +78,11 @@ def parse_rate(value: object, name: str = "rate_limit") -> Rate:
 
 
 def parse_cap(value: object, name: str = "global_concurrency") -> int:
+    """A cap on running messages: an int from 1 to ``MAX_CAP``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise FlowError(f"{name} must be a positive integer, got {value!r}")
+    if value > MAX_CAP:
+        raise FlowError(f"{name} must be at most {MAX_CAP:,}, got {value!r}")
     return value
 
 

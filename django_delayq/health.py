@@ -3,7 +3,9 @@
 ``run_delayq --health-port 8080`` (or ``DELAYQ["HEALTH_PORT"]``) serves them
 from the standard library's ``ThreadingHTTPServer`` in a daemon thread, with
 no extra to install (the metrics need ``prometheus-client``; a probe should
-not):
+not), on the loopback interface unless ``HEALTH_ADDRESS`` says otherwise,
+with the bounds of ``httpserver`` (slow connections closed, a cap on open
+ones):
 
 * ``/healthz`` is 200 while the claim loop keeps turning: it turns at least
   once per ``POLL_INTERVAL`` when idle, and announces each reconnection
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+from django_delayq.httpserver import (
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT,
+    BoundedServerMixin,
+    best_family,
+)
 
 logger = logging.getLogger("django_delayq.health")
 
@@ -163,43 +171,76 @@ class Health:
         return Verdict(status == "ready", body)
 
 
-class _IPv6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
+class _Server(BoundedServerMixin, ThreadingHTTPServer):
+    """The probes' server: closes slow connections, caps them (``httpserver``)."""
 
 
 class HealthServer:
-    """``/healthz`` and ``/readyz`` over HTTP, from a daemon thread."""
+    """``/healthz`` and ``/readyz`` over HTTP, from a daemon thread.
 
-    def __init__(self, health: Health, *, port: int, address: str, worker: str) -> None:
+    The answers name the worker (``worker``: its name, ``host:pid`` by
+    default) only with ``show_worker`` (``DELAYQ["HEALTH_SHOW_WORKER"]``):
+    a probe needs the status, and whoever reaches the port need not learn the
+    host's name and the process id.
+    """
+
+    def __init__(
+        self,
+        health: Health,
+        *,
+        port: int,
+        address: str,
+        worker: str,
+        show_worker: bool | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.health = health
         self.port = port
         self.address = address
         self.worker = worker
-        self._server: ThreadingHTTPServer | None = None
+        if show_worker is None:
+            from django_delayq.conf import get_config
+
+            show_worker = get_config()["HEALTH_SHOW_WORKER"] is True
+        self.show_worker = show_worker
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Listen now (a taken port is an ``ImproperlyConfigured``) and serve in a thread."""
-        server_class = ThreadingHTTPServer
-        if ":" in self.address:  # an IPv6 address ("::" for every interface)
-            server_class = _IPv6Server
+        shown = self.address or "0.0.0.0"
         try:
-            server = server_class((self.address, self.port), self._handler())
+            family, address = best_family(self.address, self.port)
+            server_class = type(
+                "HealthHTTPServer",
+                (_Server,),
+                {
+                    "address_family": family,
+                    "request_timeout": self.request_timeout,
+                    "max_connections": self.max_connections,
+                },
+            )
+            server = server_class((address, self.port), self._handler())
         except OSError as exc:
             raise ImproperlyConfigured(
-                f"cannot serve health checks on {self.address or '0.0.0.0'}:{self.port}: {exc}"
+                f"cannot serve health checks on {shown}:{self.port}: {exc}"
             ) from exc
-        server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, name="delayq-health", daemon=True
         )
         self._thread.start()
-        logger.info(
-            "health checks at http://%s:%s/healthz and /readyz",
-            self.address or "0.0.0.0",
-            self.port,
-        )
+        logger.info("health checks at http://%s:%s/healthz and /readyz", shown, self.port)
+
+    @property
+    def server_address(self) -> tuple[str, int] | None:
+        """Where it listens (the bound socket's address), once started."""
+        if self._server is None:
+            return None
+        return tuple(self._server.socket.getsockname()[:2])  # type: ignore[return-value]
 
     def stop(self) -> None:
         if self._server is not None:
@@ -212,16 +253,20 @@ class HealthServer:
             LIVE_PATH: self.health.alive,
             READY_PATH: self.health.ready,
         }
-        worker = self.worker
+        named = {"worker": self.worker} if self.show_worker else {}
 
         class Handler(BaseHTTPRequestHandler):
+            # No version of Python in the Server header.
+            server_version = "delayq"
+            sys_version = ""
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 probe = probes.get(self.path.split("?", 1)[0])
                 if probe is None:
                     self._send(404, {"status": "not found", "paths": sorted(probes)})
                     return
                 verdict = probe()
-                self._send(verdict.status, {**verdict.body, "worker": worker})
+                self._send(verdict.status, {**verdict.body, **named})
 
             def _send(self, status: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()

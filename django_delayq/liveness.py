@@ -25,9 +25,10 @@ from django.db import IntegrityError, transaction
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.models import Message, WorkerState
+from django_delayq.models import WORKER_NAME_MAX_LENGTH, Message, WorkerState
 from django_delayq.routers import queue_alias
 from django_delayq.store import changes
+from django_delayq.values import check_text
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -35,6 +36,14 @@ logger = logging.getLogger("django_delayq.worker")
 FORGET_AFTER = timedelta(days=1)
 #: How often a worker forgets the rows of workers gone that long.
 FORGET_INTERVAL = timedelta(hours=1)
+
+
+def validate_worker_name(name: object) -> str:
+    """A worker's name: a non-empty str of at most 255 characters, without NUL."""
+    name = check_text(name, "worker name", WORKER_NAME_MAX_LENGTH, nul=True)
+    if not name.strip():
+        raise ValueError("worker name must not be empty")
+    return name
 
 
 def _db(using: str | None) -> str:

@@ -1,9 +1,11 @@
 """Prometheus metrics of a worker (optional: the ``prometheus`` extra).
 
 ``run_delayq --metrics-port 9108`` (or ``DELAYQ["METRICS_PORT"]``) serves
-them at ``http://<host>:9108/metrics`` with ``prometheus_client``'s own HTTP
-server, from the default registry, so the process's CPU/memory metrics and
-any metric a project's handlers define are exposed beside them:
+them at ``http://127.0.0.1:9108/metrics`` (``METRICS_ADDRESS`` chooses the
+interface) with ``prometheus_client``'s WSGI application on the standard
+library's server, bounded as ``httpserver`` says, from the default registry,
+so the process's CPU/memory metrics and any metric a project's handlers
+define are exposed beside them:
 
 * ``delayq_messages_processed_total{queue, outcome}``: attempts by how they
   ended (``succeeded``, ``retrying``, ``snoozed``, ``failed``, ``discarded``,
@@ -49,6 +51,7 @@ from django.db import DatabaseError, connections, reset_queries
 
 from django_delayq import clock
 from django_delayq.flowstats import QueueFlow, flow_stats
+from django_delayq.httpserver import MAX_CONNECTIONS, REQUEST_TIMEOUT
 from django_delayq.models import Message
 
 logger = logging.getLogger("django_delayq.metrics")
@@ -124,6 +127,45 @@ def _define() -> dict[str, Any]:
         return _metrics
 
 
+def serve(
+    port: int,
+    address: str,
+    *,
+    request_timeout: float = REQUEST_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
+) -> Any:
+    """Serve the default registry (``prometheus_client.make_wsgi_app``) from a daemon
+    thread, with the bounds of ``httpserver``; the server (``shutdown()``, ``server_close()``)."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+    from prometheus_client import make_wsgi_app
+
+    from django_delayq.httpserver import BoundedServerMixin, best_family
+
+    class Handler(WSGIRequestHandler):
+        server_version = "delayq"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("%s %s", self.address_string(), format % args)
+
+    family, host = best_family(address, port)
+    server_class = type(
+        "MetricsHTTPServer",
+        (BoundedServerMixin, ThreadingMixIn, WSGIServer),
+        {
+            "address_family": family,
+            "request_timeout": request_timeout,
+            "max_connections": max_connections,
+        },
+    )
+    server = server_class((host, port), Handler)
+    server.set_app(make_wsgi_app())
+    threading.Thread(target=server.serve_forever, name="delayq-metrics-http", daemon=True).start()
+    return server
+
+
 class WorkerMetrics:
     """The metrics of one worker: its HTTP server, counters and depth sampler."""
 
@@ -152,10 +194,8 @@ class WorkerMetrics:
 
     def start(self, worker_name: str) -> None:
         """Serve ``/metrics`` and start sampling queue depth and lag."""
-        from prometheus_client import start_http_server
-
         try:
-            self._server, _ = start_http_server(self.port, addr=self.address)
+            self._server = serve(self.port, self.address)
         except OSError as exc:
             raise ImproperlyConfigured(
                 f"cannot serve metrics on {self.address or '0.0.0.0'}:{self.port}: {exc}"

@@ -32,6 +32,8 @@ PRIORITY_MAX = 32767
 #: message's ``max_attempts`` by one, so a message can snooze more than two
 #: billion times before the column would overflow.
 MAX_ATTEMPTS_LIMIT = 1_000_000
+#: A worker's name (``run_delayq --name``): ``WorkerState.name`` and ``locked_by``.
+WORKER_NAME_MAX_LENGTH = 255
 
 # The status values of every table with the queue columns, for index conditions.
 ACTIVE_STATUS_VALUES = ACTIVE
@@ -69,7 +71,9 @@ class QueueColumns(models.Model):
     last_error = models.TextField(blank=True, default="")
     last_traceback = models.TextField(blank=True, default="")
     lock_token = models.UUIDField(null=True, blank=True, editable=False)
-    locked_by = models.CharField(max_length=255, blank=True, default="", editable=False)
+    locked_by = models.CharField(
+        max_length=WORKER_NAME_MAX_LENGTH, blank=True, default="", editable=False
+    )
 
     class Meta:
         abstract = True
@@ -306,7 +310,9 @@ class WorkerState(models.Model):
     for their leases, and ``delayq_status`` and the admin show it as dead.
     """
 
-    name = models.CharField(max_length=255, unique=True, help_text=_("Stored in locked_by."))
+    name = models.CharField(
+        max_length=WORKER_NAME_MAX_LENGTH, unique=True, help_text=_("Stored in locked_by.")
+    )
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, blank=True)

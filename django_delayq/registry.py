@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq.conf import check_max_delay, get_config, to_timedelta
+from django_delayq.conf import check_count, check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.flow import Rate, parse_cap, parse_rate
 from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
@@ -272,14 +272,22 @@ def handler(
     validate_queue_name(queue)
     if kind is not None:
         validate_kind(kind)
+        if not kind:
+            # Messages without a kind go to the queue's catch-all (kind=None):
+            # a handler of kind "" would never be called.
+            raise ValueError(
+                "kind must not be empty: leave it out (None) for the queue's catch-all handler"
+            )
     validate_max_attempts(max_attempts)
+    if not isinstance(atomic, bool):
+        raise TypeError(f"atomic must be True or False, got {atomic!r}")
     lease_td = to_timedelta(lease, "lease") if lease is not None else None
     if lease_td is not None and lease_td <= timedelta(0):
         raise ValueError(f"lease must be positive, got {lease!r}")
     if lease_td is not None:
         check_max_delay(lease_td, "lease", lease)
-    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-        raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+    if concurrency is not None:
+        check_count(concurrency, "concurrency")
     time_limit_td = to_timedelta(time_limit, "time_limit") if time_limit is not None else None
     if time_limit_td is not None and time_limit_td <= timedelta(0):
         raise ValueError(f"time_limit must be positive, got {time_limit!r}")
@@ -321,7 +329,7 @@ def handler(
                 max_attempts=max_attempts,
                 retry=policy,
                 lease=lease_td,
-                atomic=bool(atomic),
+                atomic=atomic,
                 concurrency=concurrency,
                 time_limit=time_limit_td,
                 model=model,

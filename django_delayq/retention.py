@@ -8,7 +8,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django_delayq import clock
-from django_delayq.conf import check_max_delay, get_config, to_timedelta
+from django_delayq.conf import (
+    MAX_PRUNE_BATCH_SIZE,
+    check_count,
+    check_max_delay,
+    get_config,
+    to_timedelta,
+)
 from django_delayq.store import changes
 
 
@@ -27,9 +33,14 @@ def prune(
     if retention < timedelta(0):
         raise ValueError(f"{name} must not be negative")
     check_max_delay(retention, name, older_than)
+    size = check_count(
+        config["PRUNE_BATCH_SIZE"] if batch_size is None else batch_size,
+        "DELAYQ['PRUNE_BATCH_SIZE']" if batch_size is None else "batch_size",
+        MAX_PRUNE_BATCH_SIZE,
+    )
     return changes.prune(
         clock.now() - retention,
-        batch_size=int(batch_size or config["PRUNE_BATCH_SIZE"]),
+        batch_size=size,
         max_batches=max_batches,
         queues=queues,
         using=using,

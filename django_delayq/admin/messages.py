@@ -784,6 +784,15 @@ class MessageAdmin(admin.ModelAdmin):
             buttons.append({"spec": spec, "url": url, "immediate": spec.form_class is None})
         return buttons
 
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        # Django looks the object up before the permission: without this, a user
+        # without it got 403 for an id that exists and a redirect for one that does not.
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return super().history_view(request, object_id, extra_context)
+
     def operation_view(self, request: HttpRequest, object_id: str, name: str) -> HttpResponseBase:
         """One operation on one message: the change page's buttons post here."""
         if request.method != "POST":
@@ -791,10 +800,14 @@ class MessageAdmin(admin.ModelAdmin):
         spec = actions.OPERATIONS.get(name)
         if spec is None:
             return HttpResponse(status=404)
+        permitted = getattr(self, f"has_{spec.permission}_permission")
+        # The permission before the lookup: without it, every id gets the same 403.
+        if not permitted(request):
+            raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
             raise Http404(_("No message with id %s.") % object_id)
-        if not getattr(self, f"has_{spec.permission}_permission")(request, obj):
+        if not permitted(request, obj):
             raise PermissionDenied
         queryset = self.get_queryset(request).filter(pk=obj.pk)
         response = actions.run_operation(self, request, queryset, spec)

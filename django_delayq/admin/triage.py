@@ -192,6 +192,9 @@ def edit_payload_view(
     request: HttpRequest, model_admin: ModelAdmin[Any], object_id: str
 ) -> HttpResponse:
     """Edit a failed message's JSON payload and retry it; needs "change"."""
+    # The permission before the lookup: without it, every id gets the same 403.
+    if not model_admin.has_change_permission(request):
+        raise PermissionDenied
     message = model_admin.get_object(request, unquote(object_id))
     if message is None:
         raise Http404

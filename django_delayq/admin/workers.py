@@ -12,9 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
 from django_delayq import clock, liveness
@@ -47,6 +48,15 @@ class WorkerStateAdmin(admin.ModelAdmin):  # not [WorkerState]: fails at run tim
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        # Django looks the object up before the permission: without this, a user
+        # without it got 403 for an id that exists and a redirect for one that does not.
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return super().history_view(request, object_id, extra_context)
 
     @admin.display(description=_("state"))
     def state(self, obj: Any) -> str:

@@ -36,7 +36,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, reset_queries
 
 from django_delayq import guard, liveness
-from django_delayq.conf import get_config, to_timedelta
+from django_delayq.conf import MAX_BATCH_SIZE, check_count, get_config, to_timedelta
+from django_delayq.dberrors import STATEMENT_ERROR_LIMIT, is_statement_error
 from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
 from django_delayq.flow import Scope, limits_of
 from django_delayq.health import Health, HealthServer
@@ -179,13 +180,13 @@ class Worker:
     ) -> None:
         config = get_config()
         self.queues = resolve_queues(queues)
-        self.concurrency = int(concurrency or config["CONCURRENCY"])
+        self.concurrency = check_count(concurrency or config["CONCURRENCY"], "concurrency")
         batch = batch_size or config["BATCH_SIZE"]
-        if self.concurrency < 1 or (batch is not None and int(batch) < 1):
-            raise ValueError("concurrency and batch size must be positive")
+        if batch is not None:
+            batch = check_count(batch, "batch size", MAX_BATCH_SIZE)
         self.burst = burst
         self.using = queue_alias(using)
-        self.name = name or worker_name()
+        self.name = worker_name() if name is None else liveness.validate_worker_name(name)
         self.poll_interval = to_timedelta(config["POLL_INTERVAL"]).total_seconds()
         self.shutdown_grace = to_timedelta(
             config["SHUTDOWN_GRACE"] if shutdown_grace is None else shutdown_grace
@@ -348,6 +349,9 @@ class Worker:
             poll_interval=self.poll_interval,
         )
         errors = 0
+        # Rounds in a row whose claim the database refused (dberrors.py).
+        refused = 0
+        refusal: BaseException | None = None
         # --burst: once nothing is held, one more claim of every lane (drained
         # or not) must find nothing before the worker exits.
         last_look = False
@@ -394,7 +398,7 @@ class Worker:
                         logger.warning(
                             "database reachable again after %d failed attempt(s)", errors
                         )
-                    errors = 0
+                    errors = refused = 0
                     if claimed:
                         last_look = False
                         continue
@@ -408,12 +412,21 @@ class Worker:
                         continue
                     last_look = False
                     self.claimer.idle_wait()
-                except DB_ERRORS:
+                except DB_ERRORS as exc:
                     # Lost connection, restarted server, failover: reconnect
                     # with a capped exponential backoff, and what it holds
                     # stays leased meanwhile; past DATABASE_OUTAGE_LIMIT (if
-                    # set) stop instead, for the supervisor to restart.
+                    # set) stop instead, for the supervisor to restart. The
+                    # database refusing the statement itself is no outage:
+                    # STATEMENT_ERROR_LIMIT rounds in a row stop the worker.
                     errors += 1
+                    refused = refused + 1 if is_statement_error(exc) else 0
+                    if refused >= STATEMENT_ERROR_LIMIT:
+                        refusal = exc
+                        logger.error("the database refused the claim", exc_info=True)
+                        connections[self.using].close()
+                        self.stop()
+                        break
                     self._database_error()
                     self.health.database_failed()
                     backoff = min(MAX_BACKOFF, 0.5 * 2 ** min(errors, 6))
@@ -440,6 +453,12 @@ class Worker:
                 self.health_server.stop()
         if self.supervisor.fatal is not None:
             raise WorkerCrashed(f"the worker stopped: {self.supervisor.fatal}")
+        if refusal is not None:
+            raise WorkerCrashed(
+                f"the worker stopped: the database refused its claim {refused} times in a row "
+                f"({type(refusal).__name__}: {str(refusal).strip()}), an error of the "
+                "statement, not a lost connection"
+            )
         if gave_up:
             raise DatabaseUnreachable(
                 f"the database stayed unreachable for over {self.database_outage_limit:g} s "

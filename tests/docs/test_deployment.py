@@ -10,6 +10,7 @@ fails here.
 from __future__ import annotations
 
 import configparser
+import ipaddress
 import re
 import shlex
 from argparse import Namespace
@@ -82,6 +83,9 @@ def test_the_kubernetes_probes_are_the_ones_the_worker_serves(deployment):
     options = run_delayq_options(container["command"])
     port = options.health_port
     assert port is not None, "the command must serve the probes"
+    # The kubelet probes the pod's IP: the default (loopback) would fail every probe.
+    address = options.health_address or DEFAULTS["HEALTH_ADDRESS"]
+    assert not ipaddress.ip_address(address).is_loopback, "the probes come from outside the pod"
     named = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
     for probe, path in (("readinessProbe", READY_PATH), ("livenessProbe", LIVE_PATH)):
         get = container[probe]["httpGet"]

@@ -86,6 +86,26 @@ def test_archive_writes_verified_parquet_then_deletes(tmp_path: Path, read_archi
     assert all(f.parts[1].startswith("date=") for f in files)
 
 
+def test_the_archive_is_its_owners_only_whatever_the_umask(tmp_path: Path) -> None:
+    populate()
+    dest = tmp_path / "arch"
+    previous = os.umask(0o022)  # a common umask: files 0644, directories 0755
+    try:
+        summary, _ = run_pipeline("archive", "--dest", str(dest), "--older-than", "86400")
+    finally:
+        os.umask(previous)
+    assert summary.archived == 12
+    found = [dest, *dest.rglob("*")]
+    assert any(p.suffix == ".parquet" for p in found)
+    assert any(p.name == "done.json" for p in found)  # the journal
+    wide = {
+        str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+        for p in found
+        if p.stat().st_mode & 0o077
+    }
+    assert wide == {}
+
+
 def test_messages_changed_during_the_archive_stay(tmp_path: Path, read_archive: Any) -> None:
     old = populate()
     retried = Message.objects.filter(pk__in=old, status="failed").order_by("pk")[0]

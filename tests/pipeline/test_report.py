@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -111,3 +112,37 @@ def test_report_since_and_live_messages(tmp_path: Path) -> None:
         ("mail", date(2024, 3, 2), 2),
         ("sms", date(2024, 3, 2), 1),
     ]
+
+
+def test_report_files_never_follow_planted_links_and_are_private(tmp_path: Path) -> None:
+    finished("mail", "s1", finished_at=D1, lag=1, processing=0.5)
+    archive = str(tmp_path / "archive")
+    run_pipeline("archive", "--dest", archive, "--older-than", "0")
+    out = tmp_path / "report"
+    out.mkdir()
+    names = ("report.json", "report.html", "lag.png", "throughput.png")
+    victims = {}
+    for name in names:
+        victim = tmp_path / f"victim-{name}.txt"
+        victim.write_text("precious")
+        (out / name).symlink_to(victim)
+        victims[name] = victim
+
+    previous = os.umask(0o022)
+    try:
+        run_pipeline("report", "--source", archive, "--out", str(out))
+    finally:
+        os.umask(previous)
+
+    for name in names:
+        assert victims[name].read_text() == "precious", name
+        written = out / name
+        assert not written.is_symlink() and written.is_file(), name
+        assert written.stat().st_mode & 0o777 == 0o600, name
+    assert json.loads((out / "report.json").read_text())["rows"] == 1
+    # Nothing left behind but the report.
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    # A new --out directory is private too.
+    fresh = tmp_path / "fresh" / "report"
+    run_pipeline("report", "--source", archive, "--out", str(fresh))
+    assert fresh.stat().st_mode & 0o777 == 0o700

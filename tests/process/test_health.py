@@ -89,12 +89,12 @@ def test_probes_follow_a_worker_from_start_to_a_graceful_stop(spawn_worker):
         lambda: answers(port, "/readyz", 200, "ready"), timeout=60, message="/readyz to be 200"
     )
     assert isinstance(ready, dict)
-    assert ready["worker"].endswith(f":{worker.pid}")
+    assert "worker" not in ready  # DELAYQ["HEALTH_SHOW_WORKER"] is off
     assert 0 <= ready["last_heartbeat_seconds_ago"] < 15
     alive = probe(port, "/healthz")
     assert alive is not None
     status, body = alive
-    assert (status, body["status"], body["worker"]) == (200, "ok", ready["worker"])
+    assert (status, body["status"]) == (200, "ok") and "worker" not in body
     assert body["stale_after_seconds"] == 15  # 3 x max(POLL_INTERVAL 1 s, HEARTBEAT_INTERVAL 5 s)
 
     # A handler still running when SIGTERM comes: the worker stays up to let
@@ -226,3 +226,72 @@ def test_a_taken_health_port_stops_the_command_with_a_clear_error(worker_env):
         )
     assert done.returncode == 1
     assert f"CommandError: cannot serve health checks on 127.0.0.1:{port}" in done.stderr
+
+
+def outside_address() -> str | None:
+    """An address of this host that is not loopback (the interface of the default route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+        except OSError:
+            return None
+        address = str(sock.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def threads_and_files(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc")
+def test_the_probes_listen_on_loopback_and_slow_clients_cannot_exhaust_the_worker(spawn_worker):
+    from django_delayq.httpserver import MAX_CONNECTIONS
+
+    port = free_port()
+    # No --health-address: the default.
+    worker = spawn_worker("--queue", "default", "--health-port", str(port))
+    wait_for(lambda: answers(port, "/readyz", 200, "ready"), timeout=60, message="readiness")
+    outside = outside_address()
+    if outside is not None:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((outside, port), timeout=5).close()
+
+    # Connections that send a request line and never finish their request.
+    threads, files = threads_and_files(worker.pid)
+    clients = []
+    for _ in range(100):
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            client.sendall(b"GET /healthz HTTP/1.1\r\n")
+        except OSError:
+            pass  # already closed by the worker: it serves no more at once
+        clients.append(client)
+
+    def all_closed() -> bool:
+        # A thread and a socket per connection served, at most MAX_CONNECTIONS at once
+        # (and a few to spare for the worker's own threads and connections).
+        now = threads_and_files(worker.pid)
+        assert now[0] <= threads + MAX_CONNECTIONS + 4, (threads, now)
+        assert now[1] <= files + MAX_CONNECTIONS + 8, (files, now)
+        done = 0
+        for client in clients:
+            try:
+                while client.recv(4096, socket.MSG_DONTWAIT):
+                    pass
+                done += 1  # EOF
+            except BlockingIOError:
+                pass
+            except OSError:
+                done += 1  # reset
+        return done == len(clients)
+
+    try:
+        wait_for(all_closed, timeout=90, message="the worker to close every slow connection")
+    finally:
+        for client in clients:
+            client.close()
+    # The probes answer on, and the worker stops as ever.
+    assert answers(port, "/healthz", 200, "ok")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output
+    assert "health checks at http://127.0.0.1:" in worker.output

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import socket
+import threading
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -14,7 +18,9 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from django_delayq.checks import check_health, check_settings
+from django_delayq.conf import DEFAULTS
 from django_delayq.health import Health, HealthServer
+from tests.conftest import wait_for
 
 
 class Ticks:
@@ -148,7 +154,9 @@ def get(port: int, path: str) -> tuple[int, dict]:
 
 def test_the_server_answers_both_probes_with_json(health: Health, ticks: Ticks):
     port = free_port()
-    server = HealthServer(health, port=port, address="127.0.0.1", worker="host:42")
+    server = HealthServer(
+        health, port=port, address="127.0.0.1", worker="host:42", show_worker=True
+    )
     server.start()
     try:
         assert get(port, "/readyz") == (
@@ -168,6 +176,109 @@ def test_the_server_answers_both_probes_with_json(health: Health, ticks: Ticks):
         server.stop()
     with pytest.raises(urllib.error.URLError):
         get(port, "/healthz")
+
+
+def test_the_answers_name_neither_host_nor_process_unless_asked(health: Health):
+    port = free_port()
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    server = HealthServer(health, port=port, address="127.0.0.1", worker=name)
+    server.start()
+    try:
+        for path in ("/healthz", "/readyz"):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", path)
+            response = connection.getresponse()
+            raw = response.read().decode()
+            banner = response.headers["Server"]
+            connection.close()
+            assert "worker" not in json.loads(raw)
+            assert socket.gethostname() not in raw and str(os.getpid()) not in raw
+            assert "Python" not in banner
+    finally:
+        server.stop()
+    with override_settings(DELAYQ={"HEALTH_SHOW_WORKER": True}):
+        assert HealthServer(health, port=port, address="127.0.0.1", worker=name).show_worker
+
+
+def test_the_servers_listen_on_the_loopback_interface_by_default():
+    assert DEFAULTS["HEALTH_ADDRESS"] == DEFAULTS["METRICS_ADDRESS"] == "127.0.0.1"
+
+
+def connect_slowly(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections that each send a request line and never finish the request."""
+    clients = []
+    for _ in range(count):
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            client.sendall(b"GET /healthz HTTP/1.1\r\n")
+        except OSError:
+            pass  # refused at once: closed by the server, as it must be when it is full
+        clients.append(client)
+    return clients
+
+
+def closed_by_server(client: socket.socket) -> bool:
+    """Whether the server ended this connection (what it sent, if anything, then EOF)."""
+    try:
+        while True:
+            data = client.recv(4096, socket.MSG_DONTWAIT)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def handler_threads() -> int:
+    return sum("process_request" in t.name for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("which", ["health", "metrics"])
+def test_slow_and_idle_clients_are_cut_off_and_their_number_is_capped(health: Health, which: str):
+    port = free_port()
+    if which == "health":
+        server: Any = HealthServer(
+            health,
+            port=port,
+            address="127.0.0.1",
+            worker="w",
+            request_timeout=1.0,
+            max_connections=4,
+        )
+        server.start()
+        stop = server.stop
+        open_connections = lambda: server._server.open_connections  # noqa: E731
+    else:
+        pytest.importorskip("prometheus_client")
+        from django_delayq.metrics import serve
+
+        httpd = serve(port, "127.0.0.1", request_timeout=1.0, max_connections=4)
+
+        def stop() -> None:
+            httpd.shutdown()
+            httpd.server_close()
+
+        open_connections = lambda: httpd.open_connections  # noqa: E731
+    clients = connect_slowly(port, 40)
+    try:
+        seen: list[int] = []
+
+        def all_closed() -> bool:
+            seen.append(handler_threads())
+            assert open_connections() <= 4
+            return all(closed_by_server(c) for c in clients)
+
+        wait_for(all_closed, timeout=60, message="the server to close every slow connection")
+        assert max(seen) <= 4, seen
+        # The server serves on once they are gone.
+        path = "/healthz" if which == "health" else "/metrics"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        for client in clients:
+            client.close()
+        stop()
 
 
 @pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
@@ -218,6 +329,7 @@ def test_health_settings_pass():
         ({"HEALTH_PORT": 65536}, ["django_delayq.E032"]),
         ({"HEALTH_PORT": "8080"}, ["django_delayq.E032"]),
         ({"HEALTH_ADDRESS": None}, ["django_delayq.E032"]),
+        ({"HEALTH_SHOW_WORKER": "yes"}, ["django_delayq.E032"]),
         ({"DATABASE_OUTAGE_LIMIT": 0}, ["django_delayq.E003"]),
         ({"DATABASE_OUTAGE_LIMIT": -5}, ["django_delayq.E003"]),
         ({"DATABASE_OUTAGE_LIMIT": "2m"}, ["django_delayq.E002"]),
@@ -230,9 +342,9 @@ def test_bad_health_settings_are_reported(value: dict, expected: list[str]):
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--health-port", "0", "positive integer"),
+        ("--health-port", "0", "TCP port"),
         ("--health-port", "70000", "TCP port"),
-        ("--health-port", "http", "positive integer"),
+        ("--health-port", "http", "whole number"),
         ("--database-outage-limit", "0", "positive number of seconds"),
         ("--database-outage-limit", "-3", "positive number of seconds"),
         ("--database-outage-limit", "nan", "positive number of seconds"),

@@ -13,6 +13,8 @@ steps, each recorded in a journal under ``DEST/_delayq/runs/<run>/``:
    checksums must equal the write's.
 4. ``plan.json`` lists the files; **publish** renames each into
    ``DEST/queue=.../date=.../`` (same file system: atomic per file).
+   Files are written mode 0600 and the directories the run creates 0700
+   (``storage``): the archive holds payloads and errors.
 5. ``published.json``; **delete** exactly the archived rows, each only if
    it is still the version archived (``dbapi.delete_partition``): a message
    retried from the admin meanwhile stays.
@@ -228,6 +230,10 @@ class _Run:
             .option("compression", "zstd")
             .parquet(self.storage.uri(self.staging))
         )
+        # Private before anything is published (a session this command did not
+        # start may have written them with a wider umask): in the run's private
+        # directory until then.
+        self.storage.make_private(self.staging)
         return _normalise(observation.get)
 
     def verify(self, expected: dict[str, Any]) -> None:

@@ -15,7 +15,9 @@ from datetime import date
 from typing import Any
 
 from django_delayq import durations
+from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.report_job import ATTEMPT_BUCKETS, Figures, Report
+from django_delayq.contrib.spark.storage import replace_local_file
 
 HEADER = (
     "queue",
@@ -99,16 +101,24 @@ def as_dict(report: Report) -> dict[str, Any]:
 
 
 def write_report(report: Report, out: str) -> list[str]:
-    """Write ``report.json``, ``lag.png``, ``throughput.png`` and ``report.html``; their paths."""
-    os.makedirs(out, exist_ok=True)
+    """Write ``report.json``, ``lag.png``, ``throughput.png`` and ``report.html``; their paths.
+
+    Each file is written whole and private (mode 0600), never through a link
+    planted at its name (``storage.replace_local_file``); ``out`` is created
+    mode 0700 if it does not exist.
+    """
+    os.makedirs(out, mode=0o700, exist_ok=True)
     files = [os.path.join(out, name) for name in ("report.html", "report.json")]
-    with open(files[1], "w", encoding="utf-8") as handle:
-        json.dump(as_dict(report), handle, indent=1)
     charts = [os.path.join(out, "lag.png"), os.path.join(out, "throughput.png")]
-    lag_chart(report, charts[0])
-    throughput_chart(report, charts[1])
-    with open(files[0], "w", encoding="utf-8") as handle:
-        handle.write(to_html(report))
+    try:
+        text = json.dumps(as_dict(report), indent=1).encode()
+        replace_local_file(files[1], lambda handle: handle.write(text))
+        lag_chart(report, charts[0])
+        throughput_chart(report, charts[1])
+        page = to_html(report).encode()
+        replace_local_file(files[0], lambda handle: handle.write(page))
+    except OSError as exc:
+        raise PipelineError(f"cannot write the report in {out}: {exc}") from exc
     return files + charts
 
 
@@ -202,7 +212,7 @@ def lag_chart(report: Report, path: str) -> None:
     _day_axis(ax, days)
     if ax.lines:
         ax.legend(fontsize="small", ncol=3)
-    fig.savefig(path)
+    replace_local_file(path, lambda handle: fig.savefig(handle, format="png"))
 
 
 def throughput_chart(report: Report, path: str) -> None:
@@ -221,7 +231,7 @@ def throughput_chart(report: Report, path: str) -> None:
     _day_axis(ax, days)
     if report.queues:
         ax.legend(fontsize="small")
-    fig.savefig(path)
+    replace_local_file(path, lambda handle: fig.savefig(handle, format="png"))
 
 
 def _day_axis(ax: Any, days: list[date]) -> None:

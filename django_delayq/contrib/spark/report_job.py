@@ -117,7 +117,7 @@ def validate_options(options: ReportOptions) -> ReportOptions:
     if is_url(options.out):
         raise PipelineError("--out must be a local directory (the report is a few small files)")
     try:
-        os.makedirs(options.out, exist_ok=True)
+        os.makedirs(options.out, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise PipelineError(f"--out {options.out} is not writable: {exc}") from exc
     if not os.access(options.out, os.W_OK):

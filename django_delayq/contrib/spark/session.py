@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from django_delayq.contrib.spark import PipelineError, require_pyspark
+from django_delayq.contrib.spark import PipelineError, require_pyspark, storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -163,6 +163,9 @@ def get_session(master: str | None = None, *, ui: bool | None = None) -> SparkSe
         # machine, or the same path on every node).
         "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
         "spark.sql.parquet.compression.codec": "zstd",
+        # What Spark writes (the archive's Parquet files, their checksums) is
+        # its owner's only, whatever the process's umask.
+        "spark.hadoop.fs.permissions.umask-mode": storage.UMASK,
     }
     jars = jdbc_jars()
     if jars:

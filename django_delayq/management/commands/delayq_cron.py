@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.cron.install import install_schedules, schedule_overview, uninstall_schedules
 from django_delayq.cron.spec import ScheduleError
+from django_delayq.management import arguments
 
 COLUMNS = ("name", "queue", "schedule", "timezone", "next runs", "last run", "outcome")
 
@@ -46,6 +47,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--database",
             default=None,
+            type=arguments.database_alias,
             help="Database alias (default: DELAYQ['DATABASE'], else the router).",
         )
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.contrib.spark import PipelineError
+from django_delayq.management import arguments
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 JobOptions = TypeVar("JobOptions", bound="DataclassInstance")
 
 FORMATS = ("csv", "parquet", "json")
+#: The most Spark partitions (each one a database transaction) --partitions asks for.
+MAX_PARTITIONS = 10_000
 FINISHED = ("succeeded", "failed", "cancelled")
 
 
@@ -62,6 +65,7 @@ def _spark_options(parser: argparse.ArgumentParser, database: bool = True) -> No
         parser.add_argument(
             "--database",
             metavar="ALIAS",
+            type=arguments.database_alias,
             help="database alias (default: DELAYQ['DATABASE'], else the router)",
         )
 
@@ -108,7 +112,10 @@ class Command(BaseCommand):
             "them in); needs --group-column",
         )
         enqueue.add_argument(
-            "--partitions", type=int, metavar="N", help="default: the source's partitioning"
+            "--partitions",
+            type=arguments.count(MAX_PARTITIONS),
+            metavar="N",
+            help=f"1 to {MAX_PARTITIONS:,} (default: the source's partitioning)",
         )
         enqueue.add_argument(
             "--max-reject-rate",

@@ -6,6 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_delayq.conf import MAX_PRUNE_BATCH_SIZE
+from django_delayq.management import arguments
 from django_delayq.retention import prune
 
 
@@ -15,14 +17,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than",
-            type=float,
+            type=arguments.seconds(zero=True),
             default=None,
             metavar="SECONDS",
             help="Override the retention, in seconds.",
         )
-        parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
-        parser.add_argument("--batch-size", type=int, default=None)
-        parser.add_argument("--database", default=None)
+        parser.add_argument(
+            "--queue", action="append", dest="queues", metavar="QUEUE", type=arguments.queue_name
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=arguments.count(MAX_PRUNE_BATCH_SIZE),
+            default=None,
+            help=f"Rows deleted per statement, 1 to {MAX_PRUNE_BATCH_SIZE:,}.",
+        )
+        parser.add_argument("--database", default=None, type=arguments.database_alias)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -32,6 +41,6 @@ class Command(BaseCommand):
                 queues=options["queues"],
                 using=options["database"],
             )
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"deleted {deleted} finished message(s)")

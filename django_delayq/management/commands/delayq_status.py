@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_delayq import durations
 from django_delayq.flowstats import QueueFlow, ScopeFlow, flow_stats
 from django_delayq.liveness import held_by, workers
+from django_delayq.management import arguments
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
 from django_delayq.stats import queue_stats
@@ -78,8 +79,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--queue", action="append", dest="queues", metavar="QUEUE")
-        parser.add_argument("--database", default=None)
+        parser.add_argument(
+            "--queue", action="append", dest="queues", metavar="QUEUE", type=arguments.queue_name
+        )
+        parser.add_argument("--database", default=None, type=arguments.database_alias)
 
     def handle(self, *args: Any, **options: Any) -> None:
         stats = queue_stats(options["queues"], using=options["database"])

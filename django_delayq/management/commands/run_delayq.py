@@ -14,37 +14,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from django_delayq.conf import MAX_BATCH_SIZE, MAX_CONCURRENCY
 from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
+from django_delayq.management import arguments
 from django_delayq.routers import queue_alias
 from django_delayq.store import server
 from django_delayq.worker import Worker
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise CommandError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise CommandError(f"expected a positive integer, got {value!r}")
-    return number
-
-
-def port_number(value: str) -> int:
-    number = positive_int(value)
-    if number > 65535:
-        raise CommandError(f"expected a TCP port (1-65535), got {value!r}")
-    return number
-
-
-def positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise CommandError(f"expected a number of seconds, got {value!r}") from None
-    if not 0 < seconds < float("inf"):
-        raise CommandError(f"expected a positive number of seconds, got {value!r}")
-    return seconds
 
 
 class Command(BaseCommand):
@@ -61,19 +36,20 @@ class Command(BaseCommand):
             action="append",
             dest="queues",
             metavar="QUEUE",
+            type=arguments.queue_name,
             help="Queue to consume (repeatable). Default: every queue with a handler.",
         )
         parser.add_argument(
             "--concurrency",
             "-c",
-            type=positive_int,
+            type=arguments.count(MAX_CONCURRENCY),
             default=None,
             help="Handler threads in this process (default: DELAYQ['CONCURRENCY']).",
         )
         parser.add_argument(
             "--batch-size",
             "-b",
-            type=positive_int,
+            type=arguments.count(MAX_BATCH_SIZE),
             default=None,
             help="Messages claimed per round trip (default: DELAYQ['BATCH_SIZE']).",
         )
@@ -85,12 +61,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--database",
             default=None,
+            type=arguments.database_alias,
             help="Database alias of the queue (default: DELAYQ['DATABASE'], else the router).",
         )
-        parser.add_argument("--name", default=None, help="Worker name stored in locked_by.")
+        parser.add_argument(
+            "--name",
+            default=None,
+            type=arguments.worker_name,
+            help="Worker name stored in locked_by (at most 255 characters).",
+        )
         parser.add_argument(
             "--metrics-port",
-            type=port_number,
+            type=arguments.port_number,
             default=None,
             help="Serve Prometheus metrics on this port (default: DELAYQ['METRICS_PORT']); "
             "needs the prometheus extra.",
@@ -102,7 +84,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--health-port",
-            type=port_number,
+            type=arguments.port_number,
             default=None,
             help="Serve /healthz and /readyz on this port (default: DELAYQ['HEALTH_PORT']).",
         )
@@ -113,7 +95,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--database-outage-limit",
-            type=positive_seconds,
+            type=arguments.seconds(),
             default=None,
             metavar="SECONDS",
             help="Exit with status 75 once the database has been unreachable this long "
@@ -175,7 +157,7 @@ class Command(BaseCommand):
                 health_address=options.get("health_address"),
                 database_outage_limit=options.get("database_outage_limit"),
             )
-        except (ImproperlyConfigured, ValueError) as exc:
+        except (ImproperlyConfigured, TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         worker.install_signal_handlers()
         if self._stop_asked:

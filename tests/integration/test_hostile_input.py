@@ -1,0 +1,253 @@
+"""Bad input is refused early and clearly, on every database: never a lost message, never a
+worker that crashes or spins.
+
+The commands' options are found from their own parsers: every option that
+converts to a number is given numbers no database holds, every ``--database``
+an alias that does not exist, every ``--queue`` a name no queue can have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command, load_command_class
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from django_delayq import enqueue, enqueue_many, operations
+from django_delayq.dberrors import STATEMENT_ERROR_LIMIT
+from django_delayq.enqueuing import aenqueue_many
+from django_delayq.exceptions import WorkerCrashed
+from django_delayq.models import Message, WorkerState
+from django_delayq.retention import prune
+from django_delayq.worker import Worker
+from tests.conftest import ROOT, finishes_within
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+COMMANDS = ("run_delayq", "delayq_status", "delayq_prune", "delayq_cron", "delayq_pipeline")
+NUMBERS_NO_DATABASE_HOLDS = ["99999999999999999999", "-99999999999999999999", "1e20", "inf", "nan"]
+
+
+def parsers(name: str) -> Iterator[tuple[list[str], argparse.ArgumentParser]]:
+    """``(sub-command path, parser)`` of a command and each of its sub-commands."""
+    todo = [([], load_command_class("django_delayq", name).create_parser("manage.py", name))]
+    while todo:
+        path, parser = todo.pop()
+        yield path, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [([*path, sub], p) for sub, p in action.choices.items()]
+
+
+def returns_a_number(action: argparse.Action) -> bool:
+    try:
+        return isinstance(action.type("1"), int | float)  # type: ignore[misc]
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return False
+
+
+@pytest.fixture
+def base_arguments(tmp_path: Path) -> dict[tuple[str, ...], list[str]]:
+    """A valid invocation of each (sub-)command, before the option under test."""
+    source = tmp_path / "in.csv"
+    source.write_text("email\na@example.org\n")
+    return {
+        ("run_delayq",): ["--burst"],
+        ("delayq_status",): [],
+        ("delayq_prune",): [],
+        ("delayq_cron",): ["list"],
+        ("delayq_pipeline",): [],
+        ("delayq_pipeline", "enqueue"): ["enqueue", str(source), "--queue", "q"],
+        ("delayq_pipeline", "archive"): ["archive", "--dest", str(tmp_path / "archive")],
+        ("delayq_pipeline", "report"): ["report", "--source", str(tmp_path)],
+    }
+
+
+def options_where(condition: Any) -> list[tuple[str, list[str], str]]:
+    found = []
+    for name in COMMANDS:
+        for path, parser in parsers(name):
+            for action in parser._actions:
+                if action.option_strings and condition(action):
+                    found.append((name, path, max(action.option_strings, key=len)))
+    return found
+
+
+def refuse(base: dict[tuple[str, ...], list[str]], name: str, path: list[str], argv: list[str]):
+    """The command run with ``argv`` after its valid base arguments: a CommandError."""
+    with pytest.raises(CommandError) as caught:
+        call_command(name, *base[(name, *path)], *argv)
+    return str(caught.value)
+
+
+def test_every_numeric_option_of_every_command_is_bounded(base_arguments):
+    numeric = options_where(returns_a_number)
+    assert {option for *_, option in numeric} >= {
+        "--concurrency",
+        "--batch-size",
+        "--health-port",
+        "--metrics-port",
+        "--database-outage-limit",
+        "--older-than",
+        "--partitions",
+        "--priority",
+        "--delay",
+        "--max-reject-rate",
+    }
+    for name, path, option in numeric:
+        for value in NUMBERS_NO_DATABASE_HOLDS:
+            message = refuse(base_arguments, name, path, [option, value])
+            assert "Traceback" not in message, (name, path, option, value)
+    assert not Message.objects.exists()
+
+
+def test_every_database_option_is_checked_before_it_is_used(base_arguments):
+    found = options_where(lambda action: action.dest == "database")
+    assert {(name, *path) for name, path, _ in found} == {
+        ("run_delayq",),
+        ("delayq_status",),
+        ("delayq_prune",),
+        ("delayq_cron",),
+        ("delayq_pipeline", "enqueue"),
+        ("delayq_pipeline", "archive"),
+        ("delayq_pipeline", "report"),
+    }
+    for name, path, option in found:
+        message = refuse(base_arguments, name, path, [option, "nope"])
+        assert "database 'nope' is not in DATABASES (known aliases: 'default'" in message, name
+
+
+def test_every_queue_option_takes_queue_names_only(base_arguments):
+    found = options_where(lambda action: action.dest in ("queue", "queues"))
+    assert {(name, *path) for name, path, _ in found} >= {
+        ("run_delayq",),
+        ("delayq_status",),
+        ("delayq_prune",),
+    }
+    for name, path, option in found:
+        base = [a for a in base_arguments[(name, *path)] if a not in ("--queue", "q")]
+        with pytest.raises(CommandError, match="may only hold letters, digits"):
+            call_command(name, *base, option, "a b")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run_delayq", "--concurrency", "0"], "argument --concurrency/-c: expected a positive"),
+        (["delayq_prune", "--batch-size", "-1"], "argument --batch-size: expected a positive"),
+        (["delayq_status", "--database", "nope"], "database 'nope' is not in DATABASES"),
+        (["delayq_cron", "--database", "nope"], "database 'nope' is not in DATABASES"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_not_a_traceback(worker_env, argv, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "django", *argv],
+        cwd=ROOT,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("usage: ") and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("size", [0, -1, 10**20, True, 2.5])
+def test_prune_refuses_a_batch_size_it_cannot_use(size: object):
+    with pytest.raises((TypeError, ValueError), match="batch_size must be"):
+        prune(batch_size=size)  # type: ignore[arg-type]
+
+
+def test_a_worker_name_that_does_not_fit_is_refused_before_the_worker_starts():
+    with pytest.raises(CommandError, match="worker name is 256 characters, over 255"):
+        call_command("run_delayq", "--burst", "--name", "w" * 256)
+    with pytest.raises(ValueError, match="worker name is 256 characters, over 255"):
+        Worker(["default"], name="w" * 256)
+    with pytest.raises(ValueError, match="NUL"):
+        Worker(["default"], name="w\x00")
+    assert not WorkerState.objects.exists()
+    call_command("run_delayq", "--burst", "--name", "w" * 255)
+    assert WorkerState.objects.get().name == "w" * 255
+
+
+# -- enqueue ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("payloads", ["abc", b"abc", {"a": 1, "b": 2}])
+def test_enqueue_many_takes_a_list_of_payloads_not_one_payload(payloads: object):
+    with pytest.raises(TypeError, match="payloads must be an iterable of payloads"):
+        enqueue_many("default", payloads)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="payloads must be an iterable of payloads"):
+        finishes_within(60, lambda: __import__("asyncio").run(aenqueue_many("default", payloads)))
+    assert not Message.objects.exists()
+    assert len(enqueue_many("default", ["abc", {"a": 1}])) == 2
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [timedelta(hours=16), timedelta(hours=23, minutes=59), -timedelta(hours=23, minutes=59)],
+)
+def test_run_at_in_any_utc_offset_python_allows(offset: timedelta):
+    zone = timezone(offset)
+    run_at = datetime(2030, 1, 1, 12, 0, tzinfo=zone)
+    message = enqueue("default", {}, run_at=run_at).message
+    message.refresh_from_db()
+    assert message.next_attempt_time == run_at == message.scheduled_time
+    later = run_at + timedelta(days=1)
+    assert operations.reschedule(Message.objects.filter(pk=message.pk), run_at=later).changed == 1
+    message.refresh_from_db()
+    assert message.next_attempt_time == later
+
+
+def test_an_aware_run_at_is_refused_when_use_tz_is_false():
+    with override_settings(USE_TZ=False):
+        with pytest.raises(ValueError, match="aware datetime while USE_TZ is False"):
+            enqueue("default", {}, run_at=datetime(2030, 1, 1, tzinfo=UTC))
+        assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        (name, value)
+        for name in ("priority", "delay", "max_attempts")
+        for value in (10**20, -(10**20), math.inf, math.nan, True)
+    ],
+)
+def test_every_numeric_argument_of_enqueue_is_bounded(option: str, value: object):
+    with pytest.raises((TypeError, ValueError)):
+        enqueue("default", {}, **{option: value})
+    assert not Message.objects.exists()
+
+
+# -- the worker ------------------------------------------------------------------------------------
+
+
+def test_a_claim_the_database_refuses_stops_the_worker_instead_of_retrying_for_ever():
+    """A statement error is no outage: the worker stops (exit status 70 from run_delayq)."""
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], burst=True)
+    # A batch no database takes as a LIMIT (the settings and options refuse it):
+    # what a fault in the claim's own statement looks like to the claim loop.
+    worker.claimer.batch_size = 10**20
+    worker.claimer.adaptive = False
+    with pytest.raises(WorkerCrashed) as caught:
+        finishes_within(120, worker.run)
+    text = str(caught.value)
+    assert f"the database refused its claim {STATEMENT_ERROR_LIMIT} times in a row" in text
+    assert "an error of the statement, not a lost connection" in text
+    assert caught.value.exit_code == 70
+    # Nothing was lost: the message waits for a worker that can claim it.
+    assert Message.objects.get(pk=message.pk).status == "pending"
+    Worker(["default"], burst=True).run()
+    assert Message.objects.get(pk=message.pk).status == "succeeded"
