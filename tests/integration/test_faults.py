@@ -46,6 +46,11 @@ AFTER_A_FAULT = {
         "its retries after a lost connection: reached whenever an outcome is written, "
         "and its own fault is the write's (the site `... -> change`)"
     ),
+    _site("worker/__init__.py Worker.__init__ -> liveness.validate_worker_name"): (
+        "checks a name the caller gave before the worker exists (the workload names none); "
+        "its error goes to the caller: "
+        "test_hostile_input.py::test_a_worker_name_that_does_not_fit_is_refused_before_the_worker_starts"
+    ),
 }
 
 
