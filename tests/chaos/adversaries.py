@@ -217,6 +217,15 @@ def _retrying(what: str, call: Any) -> Any:
     raise SystemExit(f"{what}: the database never came back")
 
 
+def _poll(predicate: Any, what: str, timeout: float = 300.0) -> None:
+    """Poll ``predicate`` until it is true, or fail the process after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
 def workload(config: Config, vendor: str) -> list[dict[str, Any]]:
     """Every message the producer sends: queue, key, payload, options."""
     rng = random.Random(config.seed)
@@ -262,11 +271,7 @@ def workload(config: Config, vendor: str) -> list[dict[str, Any]]:
                 payload.update(fail=1, expect="failed")
                 options["max_attempts"] = 1
             add(queue, f"cb-{where}-{name}", f"raise {name}", payload=payload, **options)
-    if vendor != "sqlite":
-        for i in range(config.holds):
-            adv = "lock-upsert" if i % 2 == 0 else "lock-reprioritise"
-            add("adv-held", f"held-{i}", adv, payload={"sleep": 3.0, "v": 1})
-    else:
+    if vendor == "sqlite":
         for i in range(config.long_atomic):
             add("adv-long-atomic", f"long-{i}", "sqlite-long-atomic", payload={"sleep": 7.0})
     for offset in (SKEW, -SKEW):
@@ -339,12 +344,21 @@ def hold(config: Config) -> None:
 
     from django_delayq import enqueue, operations
     from django_delayq.models import Message
-    from tests.testapp.models import Operation
+    from tests.testapp.models import Operation, Sent
 
     held = config.lease * 2.5
     for i in range(config.holds):
         adv = "lock-upsert" if i % 2 == 0 else "lock-reprioritise"
         key = f"held-{i}"
+
+        def send(key: str = key, adv: str = adv) -> None:
+            with transaction.atomic():
+                enqueue(
+                    "adv-held", {"adv": adv, "expect": "succeeded", "sleep": 3.0, "v": 1}, key=key
+                )
+                Sent.objects.create(producer=1, queue="adv-held", key=key, outcome="sent")
+
+        _retrying("a lock holder", send)
 
         def once(key: str = key, adv: str = adv) -> bool:
             with transaction.atomic():
@@ -372,11 +386,7 @@ def hold(config: Config) -> None:
                 Operation.objects.create(message_id=message.pk, action=adv, at=at, changed=changed)
                 return True
 
-        deadline = time.monotonic() + 300
-        while not _retrying("a lock holder", once):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"lock holder: {key} never ran")
-            time.sleep(0.1)  # polling for the message to be running
+        _poll(lambda once=once: _retrying("a lock holder", once), f"{key} to run")
     print(f"lock holder: held {config.holds} running rows for {held:g} s each", flush=True)
 
 
@@ -398,8 +408,10 @@ def operate(config: Config, offset: float) -> None:
     clock.now = skewed  # type: ignore[assignment]
 
     def act(action: str, key: str, apply: Any, due: datetime | None = None) -> None:
+        rows = Message.objects.filter(queue="adv-op", key=key)
+        _poll(lambda: _retrying("an operator", rows.exists), f"{key} to be enqueued")
+
         def once() -> None:
-            rows = Message.objects.filter(queue="adv-op", key=key)
             message_id = rows.values_list("pk", flat=True).get()
             at = real_now()
             result = apply(rows)
@@ -432,11 +444,7 @@ def operate(config: Config, offset: float) -> None:
         )
         act("reprioritise", f"op-reprioritise{tag}-{i}", lambda r: operations.reprioritise(r, 5))
         act("run_now", f"op-reprioritise{tag}-{i}", operations.run_now)
-        deadline = time.monotonic() + 300
-        while not failed(f"op-retry{tag}-{i}"):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"operator {tag}: op-retry{tag}-{i} never failed")
-            time.sleep(0.1)  # polling for the message to have failed
+        _poll(lambda i=i: failed(f"op-retry{tag}-{i}"), f"op-retry{tag}-{i} to fail")
         act("retry", f"op-retry{tag}-{i}", operations.retry_failed)
     print(f"operator {tag}: {config.operations * 5} actions", flush=True)
 
