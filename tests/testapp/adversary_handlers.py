@@ -4,7 +4,7 @@ Every handler records its runs in :class:`~tests.testapp.models.Run` (message,
 attempt, worker pid, start and end, the payload's ``adv``: the adversary that
 sent it). Payload knobs: ``sleep`` (seconds, every attempt), ``sleep_first``
 (seconds, first attempt only), ``raise`` (an exception class name, see
-:data:`EXCEPTIONS`, raised on the first attempt), ``fail`` (raise on attempts
+:data:`EXCEPTIONS`, raised once: by the first attempt that gets there), ``fail`` (raise on attempts
 <= fail), ``v`` (a version number, recorded), ``mode`` of the atomic handler.
 
 The receivers and the policy raise only for messages of ``adv-cb`` whose
@@ -21,6 +21,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, InterfaceError
 from django.utils import timezone
 
@@ -46,6 +47,15 @@ QUICK_RETRY = FixedDelay(delay=0.2)
 
 class Planned(Exception):
     """What a handler raises on purpose."""
+
+
+def _first_time(message_id: int, where: str, name: str) -> bool:
+    """Record that ``where`` raises ``name`` for this message; False if it already did
+    (each callback raises once, on the first attempt that reaches it)."""
+    if Raised.objects.filter(message_id=message_id, where=where).exists():
+        return False
+    Raised.objects.create(message_id=message_id, where=where, exception=name, pid=os.getpid())
+    return True
 
 
 def _payload(message: Any) -> dict[str, Any]:
@@ -74,10 +84,7 @@ def _body(message: Any) -> None:
     sleep = float(payload.get("sleep", 0)) + (float(payload.get("sleep_first", 0)) if first else 0)
     if sleep:
         time.sleep(sleep)
-    if first and payload.get("raise"):
-        Raised.objects.create(
-            message_id=message.pk, where="handler", exception=payload["raise"], pid=os.getpid()
-        )
+    if payload.get("raise") and _first_time(message.pk, "handler", payload["raise"]):
         raise EXCEPTIONS[payload["raise"]](f"raised by the handler of message {message.pk}")
     if message.attempt_count <= int(payload.get("fail", 0)):
         raise Planned(f"policy:{message.pk}" if payload.get("where") == "policy" else "planned")
@@ -168,13 +175,9 @@ async def async_handler(message: Any) -> None:
     )
     try:
         await asyncio.sleep(float(payload.get("sleep", 0)))
-        if message.attempt_count == 1 and payload.get("raise"):
-            await Raised.objects.acreate(
-                message_id=message.pk,
-                where="async-handler",
-                exception=payload["raise"],
-                pid=os.getpid(),
-            )
+        if payload.get("raise") and await sync_to_async(_first_time)(
+            message.pk, "async-handler", payload["raise"]
+        ):
             raise EXCEPTIONS[payload["raise"]](f"raised by the handler of message {message.pk}")
     except BaseException:
         await Run.objects.filter(pk=run.pk).aupdate(finished=timezone.now(), outcome="raised")
@@ -214,13 +217,13 @@ class RaisingPolicy:
 
     def next_delay(self, attempt: int, exc: BaseException) -> timedelta:
         text = str(exc)
-        if attempt == 1 and text.startswith("policy:"):
+        if text.startswith("policy:"):
             from django_delayq.models import Message
 
             pk = int(text.split(":")[1])
             name = Message.objects.get(pk=pk).payload["exc"]
-            Raised.objects.create(message_id=pk, where="policy", exception=name, pid=os.getpid())
-            raise EXCEPTIONS[name](f"raised by the retry policy for message {pk}")
+            if _first_time(pk, "policy", name):
+                raise EXCEPTIONS[name](f"raised by the retry policy for message {pk}")
         return timedelta(seconds=0.2)
 
 
@@ -231,14 +234,11 @@ def callback_handler(message: Any) -> None:
 
 
 def _raise_once(where: str, message: Any, attempt: int, **kwargs: Any) -> None:
-    if getattr(message, "queue", None) != "adv-cb" or attempt != 1:
+    if getattr(message, "queue", None) != "adv-cb":
         return
     payload = _payload(message)
-    if payload.get("where") != where:
+    if payload.get("where") != where or not _first_time(message.pk, where, payload["exc"]):
         return
-    Raised.objects.create(
-        message_id=message.pk, where=where, exception=payload["exc"], pid=os.getpid()
-    )
     raise EXCEPTIONS[payload["exc"]](f"raised by the {where} receiver for message {message.pk}")
 
 
