@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -479,6 +480,11 @@ class Run:
             "DELAYQ_LOG_TIMES": "1",
         }
         self.workdir = workdir
+        self.ledger = workdir / "ledger"
+        self.ledger.mkdir(exist_ok=True)
+        self.env["DELAYQ_TEST_ADVERSARY_LEDGER"] = str(self.ledger)
+        self._read: dict[Path, int] = {}
+        self._started = 0
         self.rng = random.Random(config.seed)
         self.consumers: list[Consumer] = []
         self.retired: list[Consumer] = []
@@ -539,9 +545,19 @@ class Run:
         self.events.append(cut_connections())
 
     def progress(self) -> float:
-        from tests.testapp.models import Run as Ledger
-
-        return Ledger.objects.exclude(queue="adv-ticks").count() / max(1, self.expected_runs)
+        """Runs started so far (the ledger's new lines), over the runs expected."""
+        for path in self.ledger.glob("*.jsonl"):
+            with path.open("rb") as file:
+                file.seek(self._read.get(path, 0))
+                chunk = file.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            self._read[path] = self._read.get(path, 0) + len(whole)
+            self._started += sum(
+                1
+                for line in whole.splitlines()
+                if b'"message_id"' in line and b'"adv-ticks"' not in line
+            )
+        return self._started / max(1, self.expected_runs)
 
     def active(self) -> int:
         from django_delayq.models import Message
@@ -626,9 +642,8 @@ class Run:
 def reset() -> None:
     from django_delayq.models import Message, WorkerState
     from tests.testapp.models import Effect, Execution, Operation, Raised, Sent
-    from tests.testapp.models import Run as Ledger
 
-    for model in (Message, WorkerState, Execution, Effect, Sent, Ledger, Operation, Raised):
+    for model in (Message, WorkerState, Execution, Effect, Sent, Operation, Raised):
         model.objects.all().delete()
 
 
@@ -709,9 +724,8 @@ def _intervals_over(intervals: list[tuple[datetime, datetime, Any]], cap: int) -
 def check(run: Run, elapsed: float) -> Table:
     from django_delayq.cron.spec import parse_key
     from django_delayq.models import Message
-    from tests.testapp.adversary_handlers import ATOMIC_TIME_LIMIT
+    from tests.testapp.adversary_handlers import ATOMIC_TIME_LIMIT, read_ledger
     from tests.testapp.models import Effect, Operation, Raised, Sent
-    from tests.testapp.models import Run as Ledger
 
     c = run.config
     table = Table(run.vendor)
@@ -736,7 +750,7 @@ def check(run: Run, elapsed: float) -> Table:
     }
     by_key = {(m["queue"], m["key"]): m for m in messages.values()}
     runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    all_runs = list(Ledger.objects.order_by("started").values())
+    all_runs = read_ledger(str(run.ledger))
     for r in all_runs:
         runs[r["message_id"]].append(r)
     sent = set(Sent.objects.values_list("queue", "key"))
@@ -760,21 +774,36 @@ def check(run: Run, elapsed: float) -> Table:
     table.fired["connections cut"] = sum(e.detail for e in run.events if e.kind == "disrupt")
 
     def ended(r: dict[str, Any], upto: datetime | None = None) -> datetime:
-        """When a run ended: its end, else its worker's SIGKILL, else a cut after it began."""
+        """When a run ended: its end (the ledger is a file: written whatever the
+        database does), else its worker's SIGKILL."""
         if r["finished"] is not None:
             return r["finished"]
         killed = kills.get(r["pid"])
         if killed is not None and killed >= r["started"]:
             return killed
-        after = [t for t in cuts if t >= r["started"] - timedelta(seconds=1)]
-        if after:
-            return max(r["started"], min(after))
         return upto or r["started"]
+
+    logs = "\n".join(
+        consumer.log.read_text(errors="replace") for consumer in [*run.retired, *run.consumers]
+    )
+    # Attempts the workers recorded as failed though the handler returned: an
+    # atomic handler's swallowed database error, a time limit.
+    failed = {
+        (int(m), int(a))
+        for m, a in re.findall(r"message (\d+) \([^)]*\) attempt (\d+) failed", logs)
+    } | {
+        (int(m), int(a))
+        for m, a in re.findall(
+            r"message (\d+) \([^)]*\) ran past its time limit of [^:]*: attempt (\d+)", logs
+        )
+    }
 
     def explained(prev: dict[str, Any], nxt: dict[str, Any]) -> bool:
         """Why a message may run again after ``prev``."""
         if prev["outcome"] == "raised":
             return True  # a planned failure
+        if (prev["message_id"], prev["attempt"]) in failed:
+            return True  # the worker recorded its failure (logged)
         killed = kills.get(prev["pid"])
         if killed is not None and prev["started"] <= killed <= nxt["started"]:
             return True
@@ -911,9 +940,6 @@ def check(run: Run, elapsed: float) -> Table:
         table.violate(adv(m) if m else "?", "stuck running", message_id)
 
     # the workers themselves
-    logs = "\n".join(
-        consumer.log.read_text(errors="replace") for consumer in [*run.retired, *run.consumers]
-    )
     table.general["worker crashes (unexpected exits)"] = run.crashes
     table.general["workers not exiting 0 on SIGTERM"] = sum(1 for x in run.exit_codes if x)
     table.general["coroutines never awaited"] = logs.count("was never awaited")

@@ -1,8 +1,13 @@
 """Handlers, receivers and a retry policy of the adversary suite (tests/chaos/adversaries.py).
 
-Every handler records its runs in :class:`~tests.testapp.models.Run` (message,
-attempt, worker pid, start and end, the payload's ``adv``: the adversary that
-sent it). Payload knobs: ``sleep`` (seconds, every attempt), ``sleep_first``
+Every handler records its runs in the run's ledger, a JSON-lines file per
+worker process in ``DELAYQ_TEST_ADVERSARY_LEDGER`` (message, attempt, worker pid,
+start and end, the payload's ``adv``: the adversary that sent it). A file, not a
+table: a run's start and end must be recorded whatever the database does (a
+connection cut, SQLite's write lock held for seconds), or an end that could
+not be written reads as a run that went on until its worker was killed.
+
+Payload knobs: ``sleep`` (seconds, every attempt), ``sleep_first``
 (seconds, first attempt only), ``raise`` (an exception class name, see
 :data:`EXCEPTIONS`, raised once: by the first attempt that gets there), ``fail`` (raise on attempts
 <= fail), ``v`` (a version number, recorded), ``mode`` of the atomic handler.
@@ -16,8 +21,10 @@ tests never meet them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +34,7 @@ from django.utils import timezone
 
 from django_delayq import handler, signals
 from django_delayq.retry import FixedDelay
-from tests.testapp.models import Effect, Raised, Run
+from tests.testapp.models import Effect, Raised
 
 EXCEPTIONS: dict[str, type[BaseException]] = {
     "Exception": Exception,
@@ -62,20 +69,79 @@ def _payload(message: Any) -> dict[str, Any]:
     return message.payload if isinstance(message.payload, dict) else {}
 
 
-def _begin(message: Any) -> Run:
-    payload = _payload(message)
-    return Run.objects.create(
-        message_id=message.pk,
-        queue=message.queue,
-        key=(message.key or "")[:255],
-        adversary=str(payload.get("adv", "")),
-        attempt=message.attempt_count,
-        pid=os.getpid(),
-        version=int(payload.get("v", 0)),
-        group=getattr(message, "group", "") or "",
-        started=timezone.now(),
-        claimed=message.last_attempt_time,
+def _append(record: dict[str, Any]) -> None:
+    directory = os.environ.get("DELAYQ_TEST_ADVERSARY_LEDGER")
+    if not directory:
+        return
+    # One write of one line with O_APPEND: whole lines, whichever thread writes.
+    fd = os.open(
+        os.path.join(directory, f"{os.getpid()}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
     )
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _stamp() -> str:
+    return timezone.now().isoformat()
+
+
+def _begin(message: Any) -> str:
+    """Record the start of a run; returns its id, for :func:`_end`."""
+    payload = _payload(message)
+    run = uuid.uuid4().hex
+    claimed = message.last_attempt_time
+    _append(
+        {
+            "run": run,
+            "message_id": message.pk,
+            "queue": message.queue,
+            "key": (message.key or "")[:255],
+            "adversary": str(payload.get("adv", "")),
+            "attempt": message.attempt_count,
+            "pid": os.getpid(),
+            "version": int(payload.get("v", 0)),
+            "group": getattr(message, "group", "") or "",
+            "started": _stamp(),
+            "claimed": claimed.isoformat() if claimed else None,
+        }
+    )
+    return run
+
+
+def _end(run: str, outcome: str) -> None:
+    _append({"run": run, "finished": _stamp(), "outcome": outcome})
+
+
+def read_ledger(directory: str) -> list[dict[str, Any]]:
+    """Every run recorded in ``directory``, by start; ``finished`` None where the
+    run never ended (its worker was killed)."""
+    from datetime import datetime
+    from pathlib import Path
+
+    runs: dict[str, dict[str, Any]] = {}
+    ends: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "message_id" in record:
+                runs[record["run"]] = record
+            else:
+                ends[record["run"]] = record
+    out = []
+    for run, record in runs.items():
+        end = ends.get(run, {})
+        record["finished"] = end.get("finished", record.get("finished"))
+        record["outcome"] = end.get("outcome", record.get("outcome", ""))
+        for field in ("started", "finished", "claimed"):
+            if record.get(field):
+                record[field] = datetime.fromisoformat(record[field])
+        out.append(record)
+    out.sort(key=lambda r: r["started"])
+    return out
 
 
 def _body(message: Any) -> None:
@@ -96,9 +162,9 @@ def _recorded(message: Any) -> None:
     try:
         _body(message)
     except BaseException:
-        Run.objects.filter(pk=run.pk).update(finished=timezone.now(), outcome="raised")
+        _end(run, "raised")
         raise
-    Run.objects.filter(pk=run.pk).update(finished=timezone.now(), outcome="ok")
+    _end(run, "ok")
 
 
 @handler("adv-lane", concurrency=2, max_attempts=ATTEMPTS, retry=QUICK_RETRY)
@@ -138,41 +204,40 @@ def atomic_handler(message: Any) -> None:
     (``mode="outlive"``)."""
     mode = _payload(message).get("mode")
     run = _begin(message)
-    effect = Effect.objects.create(message_id=message.pk, value=str(message.attempt_count))
-    if message.attempt_count == 1 and mode == "swallow":
-        try:
-            Effect.objects.create(pk=effect.pk, message_id=message.pk, value="again")
-        except DatabaseError:
-            pass
-    if message.attempt_count == 1 and mode == "outlive":
-        time.sleep(ATOMIC_TIME_LIMIT * 2)
-    _body(message)
-    Run.objects.filter(pk=run.pk).update(finished=timezone.now(), outcome="ok")
+    try:
+        effect = Effect.objects.create(message_id=message.pk, value=str(message.attempt_count))
+        if message.attempt_count == 1 and mode == "swallow":
+            try:
+                Effect.objects.create(pk=effect.pk, message_id=message.pk, value="again")
+            except DatabaseError:
+                pass
+        if message.attempt_count == 1 and mode == "outlive":
+            time.sleep(ATOMIC_TIME_LIMIT * 2)
+        _body(message)
+    except BaseException:
+        _end(run, "raised")
+        raise
+    _end(run, "ok")
 
 
 @handler("adv-long-atomic", atomic=True, max_attempts=ATTEMPTS, retry=QUICK_RETRY)
 def long_atomic_handler(message: Any) -> None:
     """Holds its transaction (on SQLite: the database's write lock) for ``sleep`` seconds."""
     run = _begin(message)
-    Effect.objects.create(message_id=message.pk, value=str(message.attempt_count))
-    _body(message)
-    Run.objects.filter(pk=run.pk).update(finished=timezone.now(), outcome="ok")
+    try:
+        Effect.objects.create(message_id=message.pk, value=str(message.attempt_count))
+        _body(message)
+    except BaseException:
+        _end(run, "raised")
+        raise
+    _end(run, "ok")
 
 
 @handler("adv-async", concurrency=4, max_attempts=ATTEMPTS, retry=QUICK_RETRY)
 async def async_handler(message: Any) -> None:
     """Awaits ``sleep`` seconds; raises ``raise`` on its first attempt."""
     payload = _payload(message)
-    run = await Run.objects.acreate(
-        message_id=message.pk,
-        queue=message.queue,
-        key=(message.key or "")[:255],
-        adversary=str(payload.get("adv", "")),
-        attempt=message.attempt_count,
-        pid=os.getpid(),
-        started=timezone.now(),
-        claimed=message.last_attempt_time,
-    )
+    run = _begin(message)
     try:
         await asyncio.sleep(float(payload.get("sleep", 0)))
         if payload.get("raise") and await sync_to_async(_first_time)(
@@ -180,29 +245,17 @@ async def async_handler(message: Any) -> None:
         ):
             raise EXCEPTIONS[payload["raise"]](f"raised by the handler of message {message.pk}")
     except BaseException:
-        await Run.objects.filter(pk=run.pk).aupdate(finished=timezone.now(), outcome="raised")
+        # Also when the coroutine is cancelled (its time limit, a dying loop).
+        _end(run, "raised")
         raise
-    await Run.objects.filter(pk=run.pk).aupdate(finished=timezone.now(), outcome="ok")
+    _end(run, "ok")
 
 
 @handler("adv-groups", max_attempts=ATTEMPTS, retry=QUICK_RETRY)
 def group_handler(message: Any) -> None:
-    """The ordered groups' messages: one insert per run (start and end), for speed."""
-    started = timezone.now()
-    payload = _payload(message)
-    Run.objects.create(
-        message_id=message.pk,
-        queue=message.queue,
-        key=(message.key or "")[:255],
-        adversary=str(payload.get("adv", "")),
-        attempt=message.attempt_count,
-        pid=os.getpid(),
-        version=int(payload.get("v", 0)),
-        group=message.group,
-        started=started,
-        finished=timezone.now(),
-        outcome="ok",
-    )
+    """The ordered groups' messages: start and end in one line."""
+    run = _begin(message)
+    _end(run, "ok")
 
 
 @handler("adv-ticks", global_concurrency=1, max_attempts=ATTEMPTS, retry=QUICK_RETRY)

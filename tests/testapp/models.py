@@ -66,31 +66,6 @@ class Shipment(QueueFields):
         return self.reference
 
 
-class Run(models.Model):
-    """One run of an adversary-suite handler (tests/chaos/adversaries.py).
-
-    ``started``/``finished`` on the host's clock, ``claimed`` the attempt's start
-    on the database's (the row's ``last_attempt_time``); ``outcome`` is ``ok`` or
-    ``raised`` (the handler raised on purpose), empty if it never ended.
-    """
-
-    message_id = models.BigIntegerField(db_index=True)
-    queue = models.CharField(max_length=100)
-    key = models.CharField(max_length=255)
-    adversary = models.CharField(max_length=50)
-    attempt = models.PositiveIntegerField()
-    pid = models.IntegerField()
-    version = models.IntegerField(default=0)
-    group = models.CharField(max_length=100, blank=True, default="")
-    started = models.DateTimeField()
-    finished = models.DateTimeField(null=True)
-    claimed = models.DateTimeField(null=True)
-    outcome = models.CharField(max_length=16, blank=True, default="")
-
-    def __str__(self) -> str:
-        return f"message {self.message_id} attempt {self.attempt}"
-
-
 class Operation(models.Model):
     """An operator's action of the adversary suite, from a process with a skewed clock.
 

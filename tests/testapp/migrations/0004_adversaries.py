@@ -32,22 +32,4 @@ class Migration(migrations.Migration):
                 ('pid', models.IntegerField()),
             ],
         ),
-        migrations.CreateModel(
-            name='Run',
-            fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('message_id', models.BigIntegerField(db_index=True)),
-                ('queue', models.CharField(max_length=100)),
-                ('key', models.CharField(max_length=255)),
-                ('adversary', models.CharField(max_length=50)),
-                ('attempt', models.PositiveIntegerField()),
-                ('pid', models.IntegerField()),
-                ('version', models.IntegerField(default=0)),
-                ('group', models.CharField(blank=True, default='', max_length=100)),
-                ('started', models.DateTimeField()),
-                ('finished', models.DateTimeField(null=True)),
-                ('claimed', models.DateTimeField(null=True)),
-                ('outcome', models.CharField(blank=True, default='', max_length=16)),
-            ],
-        ),
     ]
