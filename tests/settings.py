@@ -183,3 +183,7 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
         "django_tasks": _tasks_logger,  # the backport
         **LOGGING["loggers"],  # type: ignore[dict-item]
     }
+
+# A project that has not configured its logging (what run_delayq shows then).
+if os.environ.get("DELAYQ_TEST_NO_LOGGING"):
+    LOGGING = {}

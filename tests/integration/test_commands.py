@@ -127,3 +127,36 @@ def test_run_delayq_from_the_command_line_spares_its_process_the_last_garbage_co
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.process
+@pytest.mark.parametrize(("verbosity", "shown"), [("1", True), ("0", False)])
+def test_run_delayq_in_a_project_without_logging_shows_its_handlers_log_lines(
+    worker_env, verbosity, shown
+):
+    """A fresh project has no LOGGING: its handlers' ``logger.info`` lines reach
+    the console (a worker that prints nothing while it runs looks dead)."""
+    import subprocess
+    import sys
+
+    enqueue("default", {"log": "the handler ran"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "run_delayq",
+            "--burst",
+            "--queue",
+            "default",
+            f"-v{verbosity}",
+        ],
+        env={**worker_env, "DELAYQ_TEST_NO_LOGGING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Message.objects.get().status == "succeeded"
+    assert ("INFO tests.testapp: the handler ran" in done.stderr) is shown, done.stderr

@@ -4,11 +4,13 @@ Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 ``retry_in`` (raise Retry on the first attempt), ``discard`` (raise Discard),
 ``sleep_attempts`` (only sleep on attempts <= this), ``raise`` (raise that
 ``BaseException``: ``KeyboardInterrupt`` or ``CancelledError``, on attempts <=
-``raise_attempts``).
+``raise_attempts``), ``log`` (log that text at INFO on the ``tests.testapp``
+logger, as a project's handler logs what it does).
 """
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -36,6 +38,8 @@ def _run(message, record=True):
             queue=message.queue,
             started=timezone.now(),
         )
+    if payload.get("log"):
+        logging.getLogger("tests.testapp").info("%s", payload["log"])
     if payload.get("sleep") and message.attempt_count <= int(payload.get("sleep_attempts", 99)):
         time.sleep(float(payload["sleep"]))
     if payload.get("retry_in") is not None and message.attempt_count == 1:

@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -182,14 +183,24 @@ class Command(BaseCommand):
 
     @staticmethod
     def _configure_logging(verbosity: int) -> None:
-        # Show the worker's own log lines when the project has not configured
-        # the django_delayq logger; never override a project's configuration.
-        logger = logging.getLogger("django_delayq")
-        if logger.handlers or logging.getLogger().handlers:
+        """Show log lines the project has not said where to send.
+
+        A project without ``LOGGING`` gets everything at INFO on stderr (its
+        handlers' own ``logger.info`` lines included: a worker that prints
+        nothing while its schedules run looks dead), the worker's successes
+        too at ``-v 2``. A project that configured its logging keeps it; only a
+        ``django_delayq`` logger left without anywhere to go gets a console.
+        """
+        level = logging.INFO if verbosity >= 1 else logging.WARNING
+        ours = logging.getLogger("django_delayq")
+        root = logging.getLogger()
+        if root.handlers or ours.handlers:
             return
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(
-            logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 1 else logging.WARNING
-        )
+        if getattr(settings, "LOGGING", None):
+            ours.addHandler(handler)
+        else:
+            root.addHandler(handler)
+            root.setLevel(level)
+        ours.setLevel(logging.DEBUG if verbosity >= 2 else level)
