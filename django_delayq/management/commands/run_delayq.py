@@ -17,10 +17,12 @@ from django.db import DatabaseError, connections
 
 from django_delayq.conf import MAX_BATCH_SIZE, MAX_CONCURRENCY
 from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
-from django_delayq.management import arguments
+from django_delayq.management import arguments, reload
 from django_delayq.routers import queue_alias
 from django_delayq.store import server
 from django_delayq.worker import Worker
+
+logger = logging.getLogger("django_delayq.worker")
 
 
 class Command(BaseCommand):
@@ -58,6 +60,12 @@ class Command(BaseCommand):
             "--burst",
             action="store_true",
             help="Process everything due now, then exit 0.",
+        )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Development: start a new worker when a file of the project changes "
+            "(the running handlers finish first).",
         )
         parser.add_argument(
             "--database",
@@ -123,6 +131,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        if options["reload"]:
+            if options["burst"]:
+                raise CommandError("--reload keeps the worker serving: leave out --burst")
+            if not reload.in_child():
+                raise SystemExit(reload.supervise())
         # --database, else DELAYQ["DATABASE"], else the routers' choice.
         try:
             alias = queue_alias(options["database"])
@@ -163,6 +176,15 @@ class Command(BaseCommand):
         worker.install_signal_handlers()
         if self._stop_asked:
             worker.stop()
+        changed: list[str] = []
+        if options["reload"]:
+
+            def on_change(path: str) -> None:
+                changed.append(path)
+                logger.info("%s changed: finishing running messages, then reloading", path)
+                worker.stop()
+
+            reload.watch(on_change)
         try:
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
@@ -177,6 +199,8 @@ class Command(BaseCommand):
                 # a --burst run on an empty queue) to free memory that the
                 # exit frees anyway.
                 gc.freeze()
+        if changed:
+            raise SystemExit(reload.RELOAD)
         if options["verbosity"] >= 1 and options["burst"]:
             summary = ", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "nothing due"
             self.stdout.write(f"run_delayq: {summary}")
