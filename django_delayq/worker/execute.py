@@ -175,6 +175,15 @@ class SwallowedDatabaseError(DelayQError):
     """
 
 
+def _past_time_limit(item: InFlight) -> timedelta | None:
+    """``item``'s time limit if its handler has run past it, else None (read
+    before the attempt is marked returned, which ends its time limit)."""
+    started, limit = item.started_at, item.time_limit
+    if limit is None or started is None:
+        return None
+    return limit if time.monotonic() - started > limit.total_seconds() else None
+
+
 def _swallowed(using: str) -> bool:
     """Whether the open transaction on ``using`` met a database error it cannot go past."""
     connection = connections[using]
@@ -253,8 +262,18 @@ def execute(
         if spec.atomic:
             with transaction.atomic(using=using):
                 call_handler(spec, message)
+                over = _past_time_limit(held.item) if held is not None else None
                 if held is not None and not held.returned():
                     raise _LeaseLost
+                if over is not None:
+                    # The keeper records a time limit as soon as it sees one,
+                    # but it may not have been able to (on SQLite this very
+                    # transaction holds the database's write lock): the
+                    # handler's writes, in this transaction, must not commit
+                    # after the limit either way.
+                    raise TimeLimitExceeded(
+                        f"the handler ran for more than {over.total_seconds():g} s"
+                    )
                 if _swallowed(using):
                     # Raised inside the block: Django rolls back to its
                     # savepoint, which PostgreSQL allows in an aborted

@@ -286,9 +286,12 @@ def _steal(message):
 @handler("atomic-limited", atomic=True, time_limit=0.5)
 def atomic_limited_handler(message):
     """Atomic, with a time limit: ``steal`` is claimed away while it runs; ``gate``
-    waits at its gate when it runs again (a group's re-run, RUNS)."""
+    waits at its gate when it runs again (a group's re-run, RUNS); ``sleep``
+    sleeps (past the limit) on every run."""
     RUNS[message.pk] = RUNS.get(message.pk, 0) + 1
     Effect.objects.create(message_id=message.pk, value=str(RUNS[message.pk]))
+    if message.payload.get("sleep"):
+        time.sleep(message.payload["sleep"])
     if message.payload.get("steal"):
         _steal(message)
     if RUNS[message.pk] > 1:
