@@ -17,15 +17,31 @@ class DelayQConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from django_delayq import checks  # noqa: F401  (registers the checks)
-        from django_delayq.conf import clear_cache
         from django_delayq.store.server import register_functions
 
-        setting_changed.connect(clear_cache, dispatch_uid="django_delayq.conf")
+        setting_changed.connect(_settings_changed, dispatch_uid="django_delayq.conf")
         connection_created.connect(register_functions, dispatch_uid="django_delayq.functions")
         # Like admin.py for the admin: every installed app's handlers.py is
         # imported, so @handler registrations exist before a worker starts.
         autodiscover_modules("handlers")
         _install_task_backends()
+
+
+def _settings_changed(**kwargs: object) -> None:
+    """Drop what was derived from ``DELAYQ`` (tests' ``override_settings``).
+
+    Wired here, at the top, so that ``conf`` (the ground floor, which every
+    module reads) imports none of the modules that keep such caches.
+    """
+    if kwargs.get("setting") not in (None, "DELAYQ"):
+        return
+    from django_delayq import conf, retry
+    from django_delayq.store import changes
+
+    conf.clear_cache(**kwargs)
+    retry.get_default_policy.cache_clear()
+    # Compiled claims depend on the queues' settings (GROUP_AFTER_FAILURE).
+    changes.forget_compiled_claims()
 
 
 def _install_task_backends() -> None:

@@ -246,11 +246,7 @@ def get_config() -> dict[str, Any]:
 
 
 def clear_cache(**kwargs: Any) -> None:
+    """Forget the settings read so far (``setting_changed``, wired in ``apps.py``
+    with the caches of the modules above this one)."""
     if kwargs.get("setting") in (None, "DELAYQ"):
         get_config.cache_clear()
-        from django_delayq import retry
-        from django_delayq.store import changes
-
-        retry.get_default_policy.cache_clear()
-        # Compiled claims depend on the queues' settings (GROUP_AFTER_FAILURE).
-        changes.forget_compiled_claims()

@@ -14,10 +14,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django_delayq import durations
+
 if TYPE_CHECKING:
     from django_delayq.models import Message
 
 FIELDS = ("message_id", "queue", "key", "kind", "attempt", "outcome", "duration")
+
+
+def who(message: Message) -> str:
+    """How a log line names a message: ``message 5 (emails/welcome-5)``.
+
+    A row of a project's own queue model (``QueueFields``) is named by its
+    model (``orders.shipment 5 (shipments/ship-5)``): its id is not a
+    ``Message`` id, and two lines a moment apart must not both say
+    "message 5" about different rows.
+    """
+    from django_delayq.models import Message
+
+    model = type(message)
+    name = "message" if model is Message else model._meta.label_lower
+    return f"{name} {message.pk} ({message.queue}/{message.key})"
+
+
+def duration(seconds: float) -> str:
+    """A delay or a limit as a log line gives it (``598ms``, ``2.0s``, ``1.5h``),
+    not a ``timedelta``'s ``0:00:00.598240``."""
+    return durations.human(seconds, durations.REPORT)
 
 
 def message_fields(message: Message, **more: Any) -> dict[str, Any]:

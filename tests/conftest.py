@@ -159,13 +159,17 @@ class WorkerProcess:
         SIGTERM sent before the worker set its signal handlers would kill it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
-            # pread: the worker writes through the same file offset, which a
-            # seek here would move under it.
-            fd = self._log.fileno()
-            if b" consuming " in os.pread(fd, os.fstat(fd).st_size, 0):
+            if self.printed(" consuming "):
                 return
             time.sleep(0.05)
         raise AssertionError(f"the worker did not start consuming within {timeout} s")
+
+    def printed(self, text: str) -> bool:
+        """Whether the process has printed ``text`` so far (while it runs)."""
+        # pread: the worker writes through the same file offset, which a
+        # seek here would move under it.
+        fd = self._log.fileno()
+        return text.encode() in os.pread(fd, os.fstat(fd).st_size, 0)
 
     @property
     def output(self) -> str:

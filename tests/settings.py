@@ -183,3 +183,11 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
         "django_tasks": _tasks_logger,  # the backport
         **LOGGING["loggers"],  # type: ignore[dict-item]
     }
+
+# A project that has not configured its logging (what run_delayq shows then).
+if os.environ.get("DELAYQ_TEST_NO_LOGGING"):
+    LOGGING = {}
+
+# A module of the project's that a test edits (run_delayq --reload).
+if os.environ.get("DELAYQ_TEST_IMPORT"):
+    importlib.import_module(os.environ["DELAYQ_TEST_IMPORT"])

@@ -331,7 +331,13 @@ def _check_cron(expr: object) -> str:
             f"cron must be a str, got {type(expr).__name__}", check_id="django_delayq.E011"
         )
     expanded = CRON_ALIASES.get(expr.strip().lower(), expr)
-    if len(expanded.split()) != 5 or not _croniter().is_valid(expanded):
+    fields = expanded.split()
+    if len(fields) == 5 and not _croniter().is_valid(expanded):
+        raise ScheduleError(
+            f"invalid cron expression {expr!r}: {_wrong_field(fields)}",
+            check_id="django_delayq.E011",
+        )
+    if len(fields) != 5:
         raise ScheduleError(
             f"invalid cron expression {expr!r}: expected five fields "
             "(minute hour day-of-month month day-of-week) or @hourly/@daily/@weekly/"
@@ -339,6 +345,28 @@ def _check_cron(expr: object) -> str:
             check_id="django_delayq.E011",
         )
     return expr
+
+
+#: The five fields in order, with the values each takes.
+CRON_FIELDS = (
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day-of-month", "1-31"),
+    ("month", "1-12 or jan-dec"),
+    ("day-of-week", "0-7 or sun-sat"),
+)
+
+
+def _wrong_field(fields: list[str]) -> str:
+    """Name the first field croniter refuses on its own (the others as ``*``):
+    croniter says only that the whole expression is not acceptable, and a user
+    who wrote five fields needs to know which one is wrong."""
+    for index, (name, values) in enumerate(CRON_FIELDS):
+        alone = ["*"] * 5
+        alone[index] = fields[index]
+        if not _croniter().is_valid(" ".join(alone)):
+            return f"the {name} field {fields[index]!r} is not valid (it takes {values})"
+    return "its fields are each valid but not together"
 
 
 def _check_every(value: object) -> timedelta:

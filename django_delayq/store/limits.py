@@ -13,9 +13,10 @@ instant; claims of other queues never touch these rows.
   stamped with the claim's own time on the database's clock). All ``N`` may
   start at once: the burst is the whole allowance, and the next start waits
   until the oldest one leaves the window.
-* A **cap** counts the live leases of the scope: running messages whose
-  lease has not expired. A crashed worker's message stops counting when its
-  lease runs out (or when its worker is found dead and it is handed back).
+* A **cap** counts the scope's running messages that no claim may take
+  back: under a live lease, or held by a live worker whose lease lapsed. A
+  crashed worker's message stops counting when its lease has run out and the
+  worker is gone (or when it is found dead and the message handed back).
 
 Messages the limits hold back are not touched: they stay pending, with no
 attempt spent and no error recorded, and start when there is room.
@@ -29,15 +30,18 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Value
 
 from django_delayq import clock
+from django_delayq.conf import get_config, to_timedelta
 from django_delayq.flow import Rate, Scope
 from django_delayq.models import FlowStart, FlowState, Message
 from django_delayq.routers import queue_alias
 from django_delayq.status import Status
 from django_delayq.store.changes import Claim, claim
+from django_delayq.store.features import features
+from django_delayq.store.queries import claimable_condition
 
 # Starts older than two periods and this are deleted (a claim that began
 # before a later one, but locked after it, still counts every start of its
@@ -202,9 +206,25 @@ def _prune(alias: str, flow: int, rate: Rate) -> None:
 
 
 def _running(alias: str, scope: Scope) -> int:
-    """The scope's live leases (``delayq_due_idx``: the queue's rows due later)."""
-    rows = Message.objects.using(alias).filter(
-        queue=scope.queue, status=Status.RUNNING, next_attempt_time__gt=clock.sql_now()
+    """The scope's running messages that no claim may take back.
+
+    Those under a live lease, and those whose lease lapsed while their worker
+    lives (the claim's own rule, ``queries.claimable_condition``): a keeper
+    that could not extend a lease (a producer held the row's lock; on SQLite,
+    a long transaction held the database's) leaves its worker running the
+    message, and a cap that freed its place would start another beside it.
+    """
+    connection = connections[alias]
+    taken_back = claimable_condition(
+        clock.sql_now(),
+        to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
+        function=features(connection).group_function,
+        pids=connection.vendor == "sqlite",
+    )
+    rows = (
+        Message.objects.using(alias)
+        .filter(queue=scope.queue, status=Status.RUNNING)
+        .exclude(taken_back)
     )
     if scope.kind:
         rows = rows.filter(kind=scope.kind)

@@ -46,6 +46,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connections, reset_queries
 
 from django_delayq import guard
+from django_delayq.logs import who
 from django_delayq.store import changes
 from django_delayq.worker.background import Supervisor
 from django_delayq.worker.execute import Result, lease_lost, record_success
@@ -317,8 +318,8 @@ class Settler:
             state = None if wrote else self._states([item]).get(item.row.pk)
         except (DatabaseError, InterfaceError):
             logger.warning(
-                "could not record the outcome of message %s; trying again",
-                item.row.pk,
+                "could not record the outcome of %s; trying again",
+                who(item.row),
                 exc_info=True,
             )
             connections[self.using].close()
@@ -333,7 +334,7 @@ class Settler:
                 lease_lost(item.row)
                 done.append((item, Result.LEASE_LOST, outcome.elapsed))
                 return
-        guard.call(f"announcing the outcome of message {item.row.pk}", outcome.announce, log=logger)
+        guard.call(f"announcing the outcome of {who(item.row)}", outcome.announce, log=logger)
         done.append((item, outcome.result, outcome.elapsed))
 
     def _states(self, items: list[InFlight]) -> dict[Any, changes.RowState]:

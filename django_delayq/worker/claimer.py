@@ -292,13 +292,18 @@ class Claimer:
         but those its limits hold back for a while yet."""
         now = clock.now()
         for lane in self.book.lanes:
-            if lane.wake_at is None or lane.wake_at <= now:
+            wake_at = lane.wake_at  # read once: an executor may uncap the lane meanwhile
+            if wake_at is None or wake_at <= now:
                 self._drained.discard(id(lane))
 
     def held_back(self) -> list[Lane]:
         """Lanes whose global limits hold due messages back for a while yet."""
         now = clock.now()
-        return [lane for lane in self.book.lanes if lane.wake_at is not None and lane.wake_at > now]
+        return [
+            lane
+            for lane in self.book.lanes
+            if (wake_at := lane.wake_at) is not None and wake_at > now
+        ]
 
     def forget_next_due(self) -> None:
         """Read the next due time again at the next sleep (a retry was scheduled), and
@@ -342,14 +347,19 @@ class Claimer:
         for lane in held_back:
             # To the millisecond: a rate's start that comes late is a start
             # lost (the next one in its place waits a whole period from it).
-            assert lane.wake_at is not None
-            timeout = max(MIN_LIMIT_SLEEP, min(timeout, (lane.wake_at - now).total_seconds()))
+            # Read once: an executor's thread uncaps a lane (``wants``) when
+            # its message ends, and then pokes the claimer itself.
+            wake_at = lane.wake_at
+            if wake_at is not None:
+                timeout = max(MIN_LIMIT_SLEEP, min(timeout, (wake_at - now).total_seconds()))
         # A lane whose hold ended while a poke cut the last sleep short: its
         # claim is due now, not at the next notification or poll.
         overdue = [
             lane
             for lane in self.book.lanes
-            if lane.wake_at is not None and lane.wake_at <= now and id(lane) in self._drained
+            if (wake_at := lane.wake_at) is not None
+            and wake_at <= now
+            and id(lane) in self._drained
         ]
         if overdue:
             timeout = min(timeout, MIN_LIMIT_SLEEP)

@@ -34,7 +34,8 @@ from django_delayq.exceptions import (
     TimeLimitExceeded,
 )
 from django_delayq.flow import failure_blocks
-from django_delayq.logs import message_fields
+from django_delayq.logs import duration as duration_text
+from django_delayq.logs import message_fields, who
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
@@ -133,7 +134,7 @@ def _retry_time(message: Message, spec: HandlerSpec | None, exc: BaseException) 
         # Not only Exceptions: a policy is the project's code (see guard.py).
         if guard.interrupts(error):
             raise
-        logger.exception("retry policy %r failed; retrying message %s in 60 s", policy, message.pk)
+        logger.exception("retry policy %r failed; retrying %s in 60s", policy, who(message))
         delta = timedelta(seconds=60)
     # Longer than any due time a database could store: cut to the longest.
     return min(delta, MAX_DELAY)
@@ -172,6 +173,15 @@ class SwallowedDatabaseError(DelayQError):
     PostgreSQL aborted it), so none of the handler's writes would: the
     attempt fails like an error the handler raised, and is retried.
     """
+
+
+def _past_time_limit(item: InFlight) -> timedelta | None:
+    """``item``'s time limit if its handler has run past it, else None (read
+    before the attempt is marked returned, which ends its time limit)."""
+    started, limit = item.started_at, item.time_limit
+    if limit is None or started is None:
+        return None
+    return limit if time.monotonic() - started > limit.total_seconds() else None
 
 
 def _swallowed(using: str) -> bool:
@@ -236,7 +246,7 @@ def execute(
         return _record(
             Result.FAILED,
             {"error": error, "retry_at": None},
-            ("message %s (%s/%s) %s", message.pk, message.queue, message.key, error),
+            ("%s %s", who(message), error),
             message,
             token,
             using,
@@ -252,8 +262,18 @@ def execute(
         if spec.atomic:
             with transaction.atomic(using=using):
                 call_handler(spec, message)
+                over = _past_time_limit(held.item) if held is not None else None
                 if held is not None and not held.returned():
                     raise _LeaseLost
+                if over is not None:
+                    # The keeper records a time limit as soon as it sees one,
+                    # but it may not have been able to (on SQLite this very
+                    # transaction holds the database's write lock): the
+                    # handler's writes, in this transaction, must not commit
+                    # after the limit either way.
+                    raise TimeLimitExceeded(
+                        f"the handler ran for more than {over.total_seconds():g} s"
+                    )
                 if _swallowed(using):
                     # Raised inside the block: Django rolls back to its
                     # savepoint, which PostgreSQL allows in an aborted
@@ -278,7 +298,12 @@ def execute(
         return _record(
             Result.SNOOZED,
             {"run_at": exc.delay, "max_attempts": max_attempts_of(message, spec) + 1},
-            ("message %s snoozed for %s %s", message.pk, exc.delay, exc.reason),
+            (
+                "%s snoozed for %s%s",
+                who(message),
+                duration_text(exc.delay.total_seconds()),
+                f": {exc.reason}" if exc.reason else "",
+            ),
             message,
             token,
             using,
@@ -295,7 +320,7 @@ def execute(
         return _record(
             Result.DISCARDED,
             {"error": error, "retry_at": None},
-            ("message %s discarded: %s", message.pk, exc.reason),
+            ("%s discarded: %s", who(message), exc.reason or "(no reason given)"),
             message,
             token,
             using,
@@ -435,11 +460,9 @@ def record_success(message: Message, duration: float, *, using: str) -> None:
     """
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
-            "message %s (%s/%s) succeeded in %.3f s",
-            message.pk,
-            message.queue,
-            message.key,
-            duration,
+            "%s succeeded in %s",
+            who(message),
+            duration_text(duration),
             extra=message_fields(message, outcome=Result.SUCCEEDED, duration=duration),
         )
     signals.send(
@@ -517,12 +540,12 @@ def _record_failure(
         "retry_at": None,
         "retry_in": retry_in,
     }
-    where = (message.pk, message.queue, message.key, message.attempt_count)
+    where = (who(message), message.attempt_count)
     if retry_in is None:
         return _record(
             Result.FAILED,
             values,
-            ("message %s (%s/%s) failed after %s attempt(s): %s", *where, error),
+            ("%s failed after %s attempt(s): %s", *where, error),
             message,
             token,
             using,
@@ -537,7 +560,12 @@ def _record_failure(
     return _record(
         Result.RETRYING,
         values,
-        ("message %s (%s/%s) attempt %s failed, retrying in %s: %s", *where, retry_in, error),
+        (
+            "%s attempt %s failed, retrying in %s: %s",
+            *where,
+            duration_text(retry_in.total_seconds()),
+            error,
+        ),
         message,
         token,
         using,
@@ -650,10 +678,8 @@ def late(message: Message) -> Result:
     """Log an attempt whose handler returned after its time limit: the keeper recorded
     its failure already, and nothing of what the handler did is."""
     logger.warning(
-        "message %s (%s/%s): its handler returned after its time limit; its outcome is discarded",
-        message.pk,
-        message.queue,
-        message.key,
+        "%s: its handler returned after its time limit; its outcome is discarded",
+        who(message),
         extra=message_fields(message, outcome=Result.LEASE_LOST),
     )
     return Result.LEASE_LOST
@@ -662,11 +688,8 @@ def late(message: Message) -> Result:
 def lease_lost(message: Message) -> Result:
     """Log an attempt whose row another claim holds now; nothing of it is recorded."""
     logger.warning(
-        "message %s (%s/%s): lease lost before the outcome was recorded; "
-        "it is left to whoever holds it now",
-        message.pk,
-        message.queue,
-        message.key,
+        "%s: lease lost before the outcome was recorded; it is left to whoever holds it now",
+        who(message),
         extra=message_fields(message, outcome=Result.LEASE_LOST),
     )
     return Result.LEASE_LOST

@@ -32,7 +32,7 @@ from typing import Any
 from django.db.models import Model
 
 from django_delayq.flow import Scope
-from django_delayq.logs import message_fields
+from django_delayq.logs import message_fields, who
 from django_delayq.models import Message
 
 logger = logging.getLogger("django_delayq.worker")
@@ -145,10 +145,8 @@ class Book:
         self._forget(item)
         self.stats["lease_lost"] += 1
         logger.warning(
-            "message %s (%s/%s): lease lost while waiting for a handler slot; not run here",
-            item.row.pk,
-            item.row.queue,
-            item.row.key,
+            "%s: lease lost while waiting for a handler slot; not run here",
+            who(item.row),
             extra=message_fields(item.row, outcome="lease_lost"),
         )
 

@@ -28,7 +28,8 @@ from datetime import timedelta
 from django.db import connections
 
 from django_delayq import liveness
-from django_delayq.logs import message_fields
+from django_delayq.logs import duration as duration_text
+from django_delayq.logs import message_fields, who
 from django_delayq.store import changes
 from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.execute import record_time_limit
@@ -186,12 +187,10 @@ class Keeper:
                 self._processed(item, result, now - started)
             message = item.row
             logger.error(
-                "message %s (%s/%s) ran past its time limit of %s: attempt %s, %s; "
+                "%s ran past its time limit of %s: attempt %s, %s; "
                 "its handler's late outcome will be discarded",
-                message.pk,
-                message.queue,
-                message.key,
-                item.time_limit,
+                who(message),
+                duration_text(item.time_limit.total_seconds()),
                 message.attempt_count,
                 result,
                 extra=message_fields(message, outcome=result),

@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_delayq import enqueue
-from django_delayq.models import Message
+from django_delayq.models import Message, WorkerState
 
 pytestmark = pytest.mark.django_db
 
@@ -56,6 +56,41 @@ def test_status_marks_queues_that_no_handler_consumes():
         "run_delayq here leaves its messages waiting"
     )
     assert "no handler" not in run("delayq_status", "--queue", "default")
+
+
+def test_status_lists_a_stopped_worker_for_ten_minutes_then_counts_it(worker_rows):
+    worker_rows("live:1")
+    worker_rows("just-stopped:2", stopped_ago=timedelta(minutes=2))
+    worker_rows("long-stopped:3", stopped_ago=timedelta(hours=3))
+    worker_rows("older:4", stopped_ago=timedelta(hours=20))
+    lines = run("delayq_status").splitlines()
+    names = [line.split()[0] for line in lines if line.split() and ":" in line.split()[0]]
+    assert names == ["just-stopped:2", "live:1"]
+    assert lines[-1] == "2 worker(s) stopped more than 10m ago (--all-workers lists them)"
+    lines = run("delayq_status", "--all-workers").splitlines()
+    names = [line.split()[0] for line in lines if line.split() and ":" in line.split()[0]]
+    assert names == ["just-stopped:2", "live:1", "long-stopped:3", "older:4"]
+    assert "--all-workers" not in lines[-1]
+
+
+@pytest.fixture
+def worker_rows():
+    def add(name, stopped_ago=None):
+        WorkerState.objects.create(
+            name=name,
+            host="h",
+            pid=int(name.split(":")[1]),
+            started_at=timezone.now(),
+            last_seen=timezone.now(),
+            alive_until=timezone.now(),
+        )
+        if stopped_ago is not None:
+            then = timezone.now() - stopped_ago
+            WorkerState.objects.filter(name=name).update(
+                last_seen=then, alive_until=then, stopped_at=then
+            )
+
+    return add
 
 
 def test_status_with_no_messages():
@@ -127,3 +162,36 @@ def test_run_delayq_from_the_command_line_spares_its_process_the_last_garbage_co
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.process
+@pytest.mark.parametrize(("verbosity", "shown"), [("1", True), ("0", False)])
+def test_run_delayq_in_a_project_without_logging_shows_its_handlers_log_lines(
+    worker_env, verbosity, shown
+):
+    """A fresh project has no LOGGING: its handlers' ``logger.info`` lines reach
+    the console (a worker that prints nothing while it runs looks dead)."""
+    import subprocess
+    import sys
+
+    enqueue("default", {"log": "the handler ran"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "run_delayq",
+            "--burst",
+            "--queue",
+            "default",
+            f"-v{verbosity}",
+        ],
+        env={**worker_env, "DELAYQ_TEST_NO_LOGGING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Message.objects.get().status == "succeeded"
+    assert ("INFO tests.testapp: the handler ran" in done.stderr) is shown, done.stderr

@@ -107,6 +107,27 @@ def test_a_cap_counts_live_leases_only(fake_clock: FakeClock):
     assert len(claim([cap]).claim.messages) == 2
 
 
+def test_a_cap_counts_a_live_workers_message_whose_lease_lapsed(fake_clock: FakeClock):
+    """A keeper that could not extend a lease (a producer held the row's lock, SQLite's
+    write lock was taken) leaves its worker running the message: the claim does not
+    take it back (``claimable_condition``), and the cap must not free its place either,
+    or a second message of the scope runs beside it."""
+    from django_delayq.models import WorkerState
+
+    now = timezone.now()
+    WorkerState.objects.create(
+        name="w", host="h", pid=1, started_at=now, last_seen=now,
+        alive_until=now + timedelta(days=1),
+    )  # fmt: skip
+    enqueue_many("default", [{}] * 3)
+    cap = Scope("default", cap=1)
+    assert len(claim([cap]).claim.messages) == 1
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    assert claim([cap]).claim.messages == []  # its worker lives: still its place
+    WorkerState.objects.filter(name="w").update(stopped_at=now)
+    assert len(claim([cap]).claim.messages) == 1  # gone: the place is free
+
+
 def test_a_kind_limit_limits_only_that_kind(fake_clock: FakeClock):
     enqueue_many("default", [{}] * 3, kind="slow")
     enqueue_many("default", [{}] * 3, kind="fast")

@@ -104,3 +104,31 @@ def test_the_stop_line_counts_attempts_by_outcome(run_worker, fake_clock, caplog
         "; attempts by outcome: retrying 1, succeeded 1",
         "; attempts by outcome: failed 1",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_line_names_the_row_by_its_model_and_delays_read_as_durations(delayq, caplog):
+    """A row of a project's queue model is not "message 5" (a Message of that id
+    may be logged a moment later), every line says (queue/key), and a delay reads
+    as one (``200ms``), not as a timedelta's ``0:00:00.200000``."""
+    from tests.testapp.models import Shipment
+
+    row = Shipment(reference="s", fail=1)
+    row.schedule()
+    snoozing = enqueue("default", {"retry_in": 2}, key="log-snooze-2").message
+    flaky = enqueue("chaos", {"fail": 1}, key="log-flaky-2").message  # FixedDelay(0.2)
+    with caplog.at_level(logging.INFO, logger="django_delayq"):
+        delayq.run_pending("shipments")
+        delayq.run_pending("default")
+        delayq.run_pending("chaos")
+    said = [r.getMessage() for r in caplog.records if hasattr(r, "message_id")]
+
+    def line(start: str) -> str:
+        [found] = [text for text in said if text.startswith(start)]
+        return found
+
+    assert line(f"testapp.shipment {row.pk} (shipments/{row.key}) attempt 1 failed, retrying in ")
+    assert line(f"message {snoozing.pk} ") == (
+        f"message {snoozing.pk} (default/log-snooze-2) snoozed for 2.0s: asked to"
+    )
+    assert line(f"message {flaky.pk} (chaos/log-flaky-2) attempt 1 failed, retrying in 200ms: ")

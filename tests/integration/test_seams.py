@@ -24,7 +24,7 @@ from django_delayq.store import changes
 from django_delayq.worker import Worker
 from django_delayq.worker.execute import Result
 from tests.conftest import finishes_within, wait_for
-from tests.testapp.handlers import gate
+from tests.testapp.handlers import RUNS, gate
 from tests.testapp.models import Effect, Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -267,8 +267,6 @@ def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
     # The group rolls back (its second message was claimed away), its first
     # message runs again alone and outlives its time limit there: the slot it
     # ran in is freed once, and the worker keeps one executor per slot.
-    from tests.testapp.handlers import RUNS
-
     settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 1.0}
     arrived, release = gate("rerun")
     RUNS.clear()
@@ -304,6 +302,24 @@ def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
         thread.join(60)
     assert not thread.is_alive()
     assert Message.objects.get(pk=stolen.pk).status == "running"  # left to its thief
+
+
+def test_an_atomic_handler_past_its_time_limit_commits_nothing_whoever_sees_it_first(
+    run_worker, settings
+):
+    """The keeper records a time limit at its next round; one that comes after the
+    handler returned (its rounds are far apart here; on SQLite the handler's own
+    transaction holds the write lock it needs) must not let the late handler's
+    writes commit as a success."""
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 300, "HEARTBEAT_INTERVAL": 60, "MAX_ATTEMPTS": 1}
+    RUNS.clear()
+    late = enqueue("atomic-limited", {"sleep": 0.8}).message  # time_limit=0.5
+    run_worker(["atomic-limited"])
+    late.refresh_from_db()
+    assert late.status == "failed"
+    assert "TimeLimitExceeded" in late.last_error
+    assert not Effect.objects.filter(message_id=late.pk).exists()  # rolled back
+    assert RUNS[late.pk] == 1
 
 
 # -- SQLite: one write lock for the whole database ------------------------------------

@@ -4,11 +4,13 @@ Payload knobs: ``fail`` (raise on attempts <= fail), ``sleep`` (seconds),
 ``retry_in`` (raise Retry on the first attempt), ``discard`` (raise Discard),
 ``sleep_attempts`` (only sleep on attempts <= this), ``raise`` (raise that
 ``BaseException``: ``KeyboardInterrupt`` or ``CancelledError``, on attempts <=
-``raise_attempts``).
+``raise_attempts``), ``log`` (log that text at INFO on the ``tests.testapp``
+logger, as a project's handler logs what it does).
 """
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -36,6 +38,8 @@ def _run(message, record=True):
             queue=message.queue,
             started=timezone.now(),
         )
+    if payload.get("log"):
+        logging.getLogger("tests.testapp").info("%s", payload["log"])
     if payload.get("sleep") and message.attempt_count <= int(payload.get("sleep_attempts", 99)):
         time.sleep(float(payload["sleep"]))
     if payload.get("retry_in") is not None and message.attempt_count == 1:
@@ -282,9 +286,12 @@ def _steal(message):
 @handler("atomic-limited", atomic=True, time_limit=0.5)
 def atomic_limited_handler(message):
     """Atomic, with a time limit: ``steal`` is claimed away while it runs; ``gate``
-    waits at its gate when it runs again (a group's re-run, RUNS)."""
+    waits at its gate when it runs again (a group's re-run, RUNS); ``sleep``
+    sleeps (past the limit) on every run."""
     RUNS[message.pk] = RUNS.get(message.pk, 0) + 1
     Effect.objects.create(message_id=message.pk, value=str(RUNS[message.pk]))
+    if message.payload.get("sleep"):
+        time.sleep(message.payload["sleep"])
     if message.payload.get("steal"):
         _steal(message)
     if RUNS[message.pk] > 1:

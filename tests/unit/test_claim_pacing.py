@@ -174,3 +174,32 @@ def test_a_claim_wakes_one_executor_per_message_and_a_settlement_none():
     book.settle([(item, "succeeded") for item in taken if item is not None], lambda lane: 0)
     assert book.cond.woken == [3]
     assert book.idle()
+
+
+def test_a_lane_uncapped_by_an_executor_while_the_claimer_reads_the_next_due_time():
+    """An executor that ends a message uncaps its lane (``wants``) from its own
+    thread; one that does so while the claimer prepares its sleep must not stop
+    the worker (the claimer read the lane as held back a moment before)."""
+    from django_delayq import clock
+
+    claimer = make_claimer(0.01)
+    (lane,) = claimer.book.lanes
+    lane.capped, lane.wake_at = True, clock.now() + timedelta(seconds=1)
+    slept = []
+
+    class Waker:
+        def later(self, now, skip):
+            return None
+
+        def wait(self, timeout):
+            slept.append(timeout)
+            return True
+
+    def next_due(skip):
+        claimer.wants(lane)  # what an executor thread does as its message ends
+        return None
+
+    claimer.waker = Waker()  # type: ignore[assignment]
+    claimer.next_due = next_due  # type: ignore[method-assign]
+    claimer.idle_wait()
+    assert slept == [claimer.poll_interval]  # no longer held: no hold's wake-up to wait for

@@ -82,6 +82,12 @@ def test_cron_timezone_defaults_to_the_project_time_zone():
     ("options", "check_id", "words"),
     [
         ({"cron": "61 * * * *", "queue": "q"}, "E011", "invalid cron expression '61 * * * *'"),
+        ({"cron": "61 * * * *", "queue": "q"}, "E011", "the minute field '61' is not valid (it"),
+        ({"cron": "0 25 * * *", "queue": "q"}, "E011", "the hour field '25' is not valid (it"),
+        ({"cron": "0 0 32 * *", "queue": "q"}, "E011", "day-of-month field '32' is not valid"),
+        ({"cron": "0 0 * 13 *", "queue": "q"}, "E011", "month field '13' is not valid"),
+        ({"cron": "0 0 * * mon-xyz", "queue": "q"}, "E011", "day-of-week field 'mon-xyz'"),
+        ({"cron": "*/0 * * * *", "queue": "q"}, "E011", "minute field '*/0'"),
         ({"cron": "0 2 * *", "queue": "q"}, "E011", "five fields"),
         ({"cron": "*/5 * * * * 30", "queue": "q"}, "E011", "every="),
         ({"cron": "0 0 30 2 *", "queue": "q"}, "E011", "never fires"),

@@ -101,3 +101,17 @@ def test_no_module_imports_another_modules_private_names():
                     if alias.name.startswith("_")
                 ]
     assert found == []
+
+
+def test_the_settings_module_imports_nothing_of_the_package():
+    """``conf`` is read by every module: importing any of them from it (even
+    inside a function) ties them all into one import circle. The caches that
+    depend on the settings are dropped from ``apps.py`` instead."""
+    tree = ast.parse((PACKAGE / "conf.py").read_text())
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [None])
+    ]
+    assert [name for name in imported if name and name.startswith("django_delayq")] == []

@@ -65,6 +65,10 @@ def _limit_cells(flow: ScopeFlow | None) -> tuple[str, str, str, str, str]:
     )
 
 
+#: How long a cleanly stopped worker stays in the list without --all-workers.
+STOPPED_SHOWN = timedelta(minutes=10)
+
+
 def human(delta: timedelta) -> str:
     return durations.human(max(0.0, delta.total_seconds()), durations.STATUS)
 
@@ -75,7 +79,7 @@ class Command(BaseCommand):
         "whether the queue is paused or throttled and whether a handler of this project "
         "consumes it; then the queues' rate limits and concurrency caps and how close they "
         "are to them, the messages waiting for their group and the blocked groups; then "
-        "every worker, live, dead or stopped."
+        "the live and dead workers, and those stopped in the last ten minutes."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -83,6 +87,12 @@ class Command(BaseCommand):
             "--queue", action="append", dest="queues", metavar="QUEUE", type=arguments.queue_name
         )
         parser.add_argument("--database", default=None, type=arguments.database_alias)
+        parser.add_argument(
+            "--all-workers",
+            action="store_true",
+            help="List every worker the database remembers (a day after its last heartbeat), "
+            "not only those stopped in the last ten minutes.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         stats = queue_stats(options["queues"], using=options["database"])
@@ -123,7 +133,7 @@ class Command(BaseCommand):
             if any(row[-1].endswith(NO_HANDLER) for row in rows):
                 self.stdout.write(NO_HANDLER_NOTE)
         self._flows(flows)
-        self._workers(options["database"])
+        self._workers(options["database"], every=options["all_workers"])
 
     def _flows(self, flows: list[QueueFlow]) -> None:
         if not flows:
@@ -141,26 +151,36 @@ class Command(BaseCommand):
                 names = ", ".join(flow.blocked_groups) + (f" and {more} more" if more else "")
                 self.stdout.write(f"blocked groups of {flow.queue}: {names}")
 
-    def _workers(self, using: str | None) -> None:
+    def _workers(self, using: str | None, *, every: bool) -> None:
         known = workers(using)
-        if not known:
-            return  # nothing to add to the queue table
-        held = held_by([w.name for w in known], using)
-        self.stdout.write("")
-        self._table(
-            WORKER_COLUMNS,
-            [
-                (
-                    w.name,
-                    w.state,
-                    ",".join(w.queues),
-                    w.concurrency,
-                    held.get(w.name, 0),
-                    human(w.seen_ago) + " ago",
-                )
-                for w in known
-            ],
-        )
+        # A worker stopped cleanly holds nothing: it is news for a while (the
+        # restart a moment ago), then only noise in a list of many restarts.
+        shown = [w for w in known if every or w.state != "stopped" or w.seen_ago <= STOPPED_SHOWN]
+        hidden = len(known) - len(shown)
+        if shown:
+            held = held_by([w.name for w in shown], using)
+            self.stdout.write("")
+            self._table(
+                WORKER_COLUMNS,
+                [
+                    (
+                        w.name,
+                        w.state,
+                        ",".join(w.queues),
+                        w.concurrency,
+                        held.get(w.name, 0),
+                        human(w.seen_ago) + " ago",
+                    )
+                    for w in shown
+                ],
+            )
+        if hidden:
+            if not shown:
+                self.stdout.write("")
+            self.stdout.write(
+                f"{hidden} worker(s) stopped more than {human(STOPPED_SHOWN)} ago "
+                "(--all-workers lists them)"
+            )
 
     def _table(self, columns: tuple[str, ...], rows: Sequence[tuple[object, ...]]) -> None:
         table = [columns, *[tuple(str(c) for c in row) for row in rows]]

@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -16,10 +17,12 @@ from django.db import DatabaseError, connections
 
 from django_delayq.conf import MAX_BATCH_SIZE, MAX_CONCURRENCY
 from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
-from django_delayq.management import arguments
+from django_delayq.management import arguments, reload
 from django_delayq.routers import queue_alias
 from django_delayq.store import server
 from django_delayq.worker import Worker
+
+logger = logging.getLogger("django_delayq.worker")
 
 
 class Command(BaseCommand):
@@ -57,6 +60,12 @@ class Command(BaseCommand):
             "--burst",
             action="store_true",
             help="Process everything due now, then exit 0.",
+        )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Development: start a new worker when a file of the project changes "
+            "(the running handlers finish first).",
         )
         parser.add_argument(
             "--database",
@@ -122,6 +131,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
+        if options["reload"]:
+            if options["burst"]:
+                raise CommandError("--reload keeps the worker serving: leave out --burst")
+            if not reload.in_child():
+                raise SystemExit(reload.supervise())
         # --database, else DELAYQ["DATABASE"], else the routers' choice.
         try:
             alias = queue_alias(options["database"])
@@ -162,6 +176,15 @@ class Command(BaseCommand):
         worker.install_signal_handlers()
         if self._stop_asked:
             worker.stop()
+        changed: list[str] = []
+        if options["reload"]:
+
+            def on_change(path: str) -> None:
+                changed.append(path)
+                logger.info("%s changed: finishing running messages, then reloading", path)
+                worker.stop()
+
+            reload.watch(on_change)
         try:
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
@@ -176,20 +199,32 @@ class Command(BaseCommand):
                 # a --burst run on an empty queue) to free memory that the
                 # exit frees anyway.
                 gc.freeze()
+        if changed:
+            raise SystemExit(reload.RELOAD)
         if options["verbosity"] >= 1 and options["burst"]:
             summary = ", ".join(f"{k} {v}" for k, v in sorted(stats.items())) or "nothing due"
             self.stdout.write(f"run_delayq: {summary}")
 
     @staticmethod
     def _configure_logging(verbosity: int) -> None:
-        # Show the worker's own log lines when the project has not configured
-        # the django_delayq logger; never override a project's configuration.
-        logger = logging.getLogger("django_delayq")
-        if logger.handlers or logging.getLogger().handlers:
+        """Show log lines the project has not said where to send.
+
+        A project without ``LOGGING`` gets everything at INFO on stderr (its
+        handlers' own ``logger.info`` lines included: a worker that prints
+        nothing while its schedules run looks dead), the worker's successes
+        too at ``-v 2``. A project that configured its logging keeps it; only a
+        ``django_delayq`` logger left without anywhere to go gets a console.
+        """
+        level = logging.INFO if verbosity >= 1 else logging.WARNING
+        ours = logging.getLogger("django_delayq")
+        root = logging.getLogger()
+        if root.handlers or ours.handlers:
             return
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(
-            logging.DEBUG if verbosity >= 2 else logging.INFO if verbosity >= 1 else logging.WARNING
-        )
+        if getattr(settings, "LOGGING", None):
+            ours.addHandler(handler)
+        else:
+            root.addHandler(handler)
+            root.setLevel(level)
+        ours.setLevel(logging.DEBUG if verbosity >= 2 else level)
