@@ -350,44 +350,61 @@ def hold(config: Config) -> None:
     held = config.lease * 2.5
     for i in range(config.holds):
         adv = "lock-upsert" if i % 2 == 0 else "lock-reprioritise"
-        key = f"held-{i}"
+        # A message may run and end between two looks (a loaded machine, a
+        # cut connection): then another one is sent, until one is caught.
+        for attempt in range(20):
+            key = f"held-{i}-{attempt}"
 
-        def send(key: str = key, adv: str = adv) -> None:
-            with transaction.atomic():
-                enqueue(
-                    "adv-held", {"adv": adv, "expect": "succeeded", "sleep": 3.0, "v": 1}, key=key
-                )
-                Sent.objects.create(producer=1, queue="adv-held", key=key, outcome="sent")
-
-        _retrying("a lock holder", send)
-
-        def once(key: str = key, adv: str = adv) -> bool:
-            with transaction.atomic():
-                rows = Message.objects.select_for_update().filter(
-                    queue="adv-held", key=key, status="running"
-                )
-                message = rows.first()
-                if message is None:
-                    return False
-                at = now()
-                if adv == "lock-upsert":
+            def send(key: str = key, adv: str = adv) -> None:
+                with transaction.atomic():
                     enqueue(
                         "adv-held",
-                        {"adv": adv, "expect": "succeeded", "v": 2, "sleep": 0.1},
+                        {"adv": adv, "expect": "succeeded", "sleep": 3.0, "v": 1},
                         key=key,
-                        on_conflict="update",
-                        delay=config.lease * 2,
                     )
-                    changed = 1
-                else:
-                    changed = operations.reprioritise(
-                        Message.objects.filter(pk=message.pk), 9
-                    ).changed
-                time.sleep(held)  # the adversary: the row lock held for 2.5 leases
-                Operation.objects.create(message_id=message.pk, action=adv, at=at, changed=changed)
-                return True
+                    Sent.objects.create(producer=1, queue="adv-held", key=key, outcome="sent")
 
-        _poll(lambda once=once: _retrying("a lock holder", once), f"{key} to run")
+            _retrying("a lock holder", send)
+
+            def once(key: str = key, adv: str = adv) -> str:
+                with transaction.atomic():
+                    rows = Message.objects.select_for_update().filter(queue="adv-held", key=key)
+                    message = rows.first()
+                    if message is None or message.status == "pending":
+                        return ""  # not claimed yet
+                    if message.status != "running":
+                        return "missed"
+                    at = now()
+                    if adv == "lock-upsert":
+                        enqueue(
+                            "adv-held",
+                            {"adv": adv, "expect": "succeeded", "v": 2, "sleep": 0.1},
+                            key=key,
+                            on_conflict="update",
+                            delay=config.lease * 2,
+                        )
+                        changed = 1
+                    else:
+                        changed = operations.reprioritise(
+                            Message.objects.filter(pk=message.pk), 9
+                        ).changed
+                    time.sleep(held)  # the adversary: the row lock held for 2.5 leases
+                    Operation.objects.create(
+                        message_id=message.pk, action=adv, at=at, changed=changed
+                    )
+                    return "held"
+
+            outcome: list[str] = []
+
+            def caught(once: Any = once, outcome: list[str] = outcome) -> bool:
+                outcome[:] = [_retrying("a lock holder", once)]
+                return bool(outcome[0])
+
+            _poll(caught, f"{key} to run")
+            if outcome[0] == "held":
+                break
+        else:
+            raise SystemExit(f"never caught a message of adv-held running ({adv})")
     print(f"lock holder: held {config.holds} running rows for {held:g} s each", flush=True)
 
 
