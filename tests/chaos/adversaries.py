@@ -821,6 +821,16 @@ def check(run: Run, elapsed: float) -> Table:
             return True  # a planned failure
         if (prev["message_id"], prev["attempt"]) in failed:
             return True  # the worker recorded its failure (logged)
+        if prev["queue"] == "adv-atomic" and (prev["pid"], prev["attempt"], prev["claimed"]) == (
+            nxt["pid"],
+            nxt["attempt"],
+            nxt["claimed"],
+        ):
+            # The same attempt again, alone: an atomic group whose commit failed
+            # (a member's time limit) rolled back and its worker runs each member
+            # again in a transaction of its own ("atomic effect" checks that one
+            # run's writes committed, once).
+            return True
         killed = kills.get(prev["pid"])
         if killed is not None and prev["started"] <= killed <= nxt["started"]:
             return True
