@@ -28,7 +28,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from django_delayq.worker.background import Supervisor
 
@@ -113,7 +113,7 @@ class EventLoop:
                 coroutine.close()
                 raise RuntimeError("the worker's event loop is not running")
             loop, futures = self._live
-            future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+            future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), loop)
             futures.add(future)
         future.add_done_callback(futures.discard)
         return future
@@ -130,7 +130,16 @@ class EventLoop:
 
 
 async def _awaited(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    return await coroutine
+    try:
+        return await coroutine
+    except Exception:
+        # The handler's async ORM calls ran on asgiref's thread, whose
+        # connection no outcome write uses (those run on the executor's
+        # thread, which reconnects after a lost connection): one the database
+        # dropped would fail every async handler after this one. Django closes
+        # such a connection at the end of a request; a worker has no requests.
+        await sync_to_async(close_old_connections)()
+        raise
 
 
 async def _close_connections() -> None:
