@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-startup bench-pipeline bench-flow chaos soak
+.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
 
 venv:
 	scripts/dev.sh venv
@@ -37,7 +37,14 @@ django6:
 # SIGKILLs, a SIGTERM restart, every connection terminated once; prints the
 # figures and fails on any violated invariant. ARGS="--messages 2000" etc.;
 # CHAOS_DATABASE_URL picks the (dedicated) database, default delayq_chaos.
-chaos: ; .venv/bin/python -m tests.chaos.harness $(ARGS)
+# Then the full adversary run (tests/chaos/adversaries.py) on the same database:
+# lock-holding producers, raising callbacks, skewed-clock operators, 100,000
+# ordered groups... ADVERSARY_ARGS="--groups 20000"; `make adversaries` alone,
+# ADVERSARY_DATABASE_URL for SQLite or MariaDB.
+chaos:
+	.venv/bin/python -m tests.chaos.harness $(ARGS)
+	.venv/bin/python -m tests.chaos.adversaries $(ADVERSARY_ARGS)
+adversaries: ; .venv/bin/python -m tests.chaos.adversaries $(ADVERSARY_ARGS)
 
 # Side by side with the physical limit and the peers (benchmarks/bench.py):
 # about two hours (short metrics run three times, the 100,000-message memory

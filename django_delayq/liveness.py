@@ -21,7 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
@@ -135,6 +135,12 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
     The messages become due at once and keep their attempt count (the attempt
     was spent: a message that kills every worker that runs it still stops at
     ``max_attempts``).
+
+    On SQLite a worker of this host whose process lives is not dead, whatever
+    its heartbeat (as for the claim, ``queries.claimable_condition``): every
+    worker is on the host that has the file, and none can write a heartbeat
+    while a long transaction (an atomic handler's, a producer's) holds the
+    write lock, so once it ends every worker's heartbeat looks old.
     """
     alias = _db(using)
     cutoff = clock.sql_now_plus(-dead_after())
@@ -144,6 +150,10 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
         .exclude(name=me)
         .values_list("name", flat=True)
     )
+    if connections[alias].vendor == "sqlite":
+        from django_delayq.store.server import process_alive
+
+        dead = [name for name in dead if not process_alive(name)]
     released = changes.release_workers(dead, using=alias)
     for name, count in released.items():
         logger.warning(

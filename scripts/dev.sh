@@ -180,11 +180,12 @@ run_suite() {
 # minute of waiting on rate windows; their claims run through the pool in
 # tests/integration) and the fault injection at every call site of the worker
 # (tests/integration/test_faults.py: the PostgreSQL leg's; through a pooler it
-# would test nothing more).
+# would test nothing more), and the adversary run (tests/chaos/test_adversaries.py:
+# its lock holders and operators are sessions of their own, on the direct leg).
 PGBOUNCER_TESTS=(
   tests/integration tests/store tests/process tests/chaos
   --ignore=tests/store/test_state_machine.py --ignore=tests/process/test_flow_control.py
-  --ignore=tests/integration/test_faults.py
+  --ignore=tests/integration/test_faults.py --ignore=tests/chaos/test_adversaries.py
 )
 
 run_pgbouncer_suite() {

@@ -28,7 +28,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from django_delayq.worker.background import Supervisor
 
@@ -47,6 +47,11 @@ class EventLoop:
         self._ready = threading.Event()
         self._stopping = False
         self._lock = threading.Lock()
+        # The loop that takes coroutines, and the futures of those handed to it
+        # (under _state): a loop that dies ends every one it did not finish.
+        self._state = threading.Lock()
+        self._live: tuple[asyncio.AbstractEventLoop, set[concurrent.futures.Future[Any]]] | None
+        self._live = None
 
     def start(self) -> None:
         self._ready.clear()
@@ -56,7 +61,8 @@ class EventLoop:
 
     def ensure_started(self) -> None:
         """Start the loop's thread the first time a coroutine comes (a worker whose
-        queues may hold async tasks, but need not: no thread until one does)."""
+        queues may hold async tasks, but need not: no thread until one does), or
+        again once it died (the supervisor's restart)."""
         if self._ready.is_set():
             return
         with self._lock:
@@ -65,16 +71,26 @@ class EventLoop:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
-        self.loop = loop
+        futures: set[concurrent.futures.Future[Any]] = set()
+        with self._state:
+            self.loop, self._live = loop, (loop, futures)
         asyncio.set_event_loop(loop)
         self._ready.set()
+        died: BaseException | None = None
         try:
             loop.run_forever()
         except BaseException as exc:
             if self.supervisor is None or self._stopping:
                 raise
-            self.supervisor.died("event loop", exc, self.start)
+            died = exc
         finally:
+            with self._state:
+                # No coroutine is handed to this loop from now on: one that came
+                # while it shuts down would be left pending when it closes, and
+                # its executor would wait for it for ever.
+                if self._live is not None and self._live[0] is loop:
+                    self._live = None
+                    self._ready.clear()
             try:
                 pending = asyncio.all_tasks(loop)
                 for task in pending:
@@ -84,22 +100,46 @@ class EventLoop:
                 loop.run_until_complete(_close_connections())
             finally:
                 loop.close()
+                for future in list(futures):
+                    future.cancel()  # its coroutine never ended: the attempt fails
+        if died is not None and self.supervisor is not None:
+            self.supervisor.died("event loop", died, self.ensure_started)
 
     def submit(self, coroutine: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
-        """Schedule ``coroutine`` on the loop (from any other thread)."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        """Schedule ``coroutine`` on the loop (from any other thread); RuntimeError if
+        the loop is not running (it died and was not restarted yet, or it stops)."""
+        with self._state:
+            if self._live is None:
+                coroutine.close()
+                raise RuntimeError("the worker's event loop is not running")
+            loop, futures = self._live
+            future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), loop)
+            futures.add(future)
+        future.add_done_callback(futures.discard)
+        return future
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what still runs on the loop, close its ORM connection, and stop it."""
         self._stopping = True
         if self.loop is not None and self.thread is not None and self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            try:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            except RuntimeError:  # it closed meanwhile (it died)
+                pass
             self.thread.join(timeout)
 
 
 async def _awaited(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    return await coroutine
+    try:
+        return await coroutine
+    except Exception:
+        # The handler's async ORM calls ran on asgiref's thread, whose
+        # connection no outcome write uses (those run on the executor's
+        # thread, which reconnects after a lost connection): one the database
+        # dropped would fail every async handler after this one. Django closes
+        # such a connection at the end of a request; a worker has no requests.
+        await sync_to_async(close_old_connections)()
+        raise
 
 
 async def _close_connections() -> None:

@@ -26,11 +26,24 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.chaos.common import (
+    ROOT,
+    Consumer,
+    Event,
+    cut_connections,
+    kill,
+    now,
+    prepare_database,
+    released,
+    setup_django,
+    spawn_worker,
+    wait_until_consuming,
+)
+
 QUEUES = ("chaos", "chaos-atomic", "chaos-slow")
 SLOW_SLEEP = 4.0  # seconds; the chaos-slow handler's time limit is 1.5 s
 DUPLICATE_KEYS = 50  # size of the key space the producers share
@@ -59,23 +72,6 @@ class Config:
 
 
 @dataclass
-class Event:
-    at: datetime
-    kind: str  # "kill", "term", "disrupt"
-    pid: int = 0
-    detail: int = 0
-
-
-@dataclass
-class Consumer:
-    proc: subprocess.Popen[bytes]
-    log: Path
-    started: datetime
-    expected_exit: bool = False
-    ended: datetime | None = None
-
-
-@dataclass
 class Figures:
     rows: list[tuple[str, object, str]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -100,12 +96,6 @@ class Figures:
 
     def value(self, name: str) -> object:
         return next(v for n, v, _ in self.rows if n == name)
-
-
-def _now() -> datetime:
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 # -- producers ---------------------------------------------------------------
@@ -219,7 +209,7 @@ class Run:
         self.events: list[Event] = []
         self.crashes = 0
         self.exit_codes: list[int] = []
-        self.drained = _now()
+        self.drained = now()
         self._spawned = 0
         self._logs: list[IO[bytes]] = []
 
@@ -227,19 +217,12 @@ class Run:
 
     def spawn_consumer(self) -> Consumer:
         self._spawned += 1
-        log = self.workdir / f"consumer-{self._spawned}.log"
-        out = log.open("wb")
-        self._logs.append(out)
         queues = [arg for q in QUEUES for arg in ("--queue", q)]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "run_delayq", *queues]
-            + ["--concurrency", str(self.config.concurrency), "--batch-size", "8"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+        consumer = spawn_worker(
+            [*queues, "--concurrency", str(self.config.concurrency), "--batch-size", "8"],
+            self.env,
+            self.workdir / f"consumer-{self._spawned}.log",
         )
-        consumer = Consumer(proc, log, _now())
         self.consumers.append(consumer)
         return consumer
 
@@ -265,7 +248,7 @@ class Run:
         return procs
 
     def retire(self, consumer: Consumer) -> None:
-        consumer.ended = _now()
+        consumer.ended = now()
         self.consumers.remove(consumer)
         self.retired.append(consumer)
 
@@ -273,32 +256,21 @@ class Run:
 
     def kill_one(self) -> None:
         victim = self.rng.choice(self.consumers)
-        victim.expected_exit = True
-        victim.proc.send_signal(signal.SIGKILL)
-        victim.proc.wait(timeout=60)
-        self.events.append(Event(_now(), "kill", victim.proc.pid))
+        self.events.append(kill(victim))
         self.retire(victim)
         self.spawn_consumer()
 
     def term_one(self) -> None:
         victim = self.rng.choice(self.consumers)
         victim.expected_exit = True
-        self.events.append(Event(_now(), "term", victim.proc.pid))
+        self.events.append(Event(now(), "term", victim.proc.pid))
         victim.proc.send_signal(signal.SIGTERM)
         self.retire(victim)
         self.spawn_consumer()
 
     def disrupt(self) -> None:
         """Terminate every connection to this run's database but the harness's own."""
-        from django.db import connection
-
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            (terminated,) = cursor.fetchone()
-        self.events.append(Event(_now(), "disrupt", detail=int(terminated)))
+        self.events.append(cut_connections())
 
     # main loop
 
@@ -353,14 +325,14 @@ class Run:
                 break
             time.sleep(0.2)  # pacing of the harness's own polling, not synchronisation
         elapsed = time.monotonic() - started
-        self.drained = _now()
+        self.drained = now()
         with (self.workdir / "events.txt").open("w") as out:
             for event in self.events:
                 out.write(f"{event.at.isoformat()} {event.kind} pid={event.pid} {event.detail}\n")
         for consumer in self.consumers:
             # A consumer spawned moments ago may still be starting: its stop
             # is judged once it has said it consumes (it holds nothing before).
-            _wait_until_consuming(consumer)
+            wait_until_consuming(consumer)
             consumer.expected_exit = True
             consumer.proc.send_signal(signal.SIGTERM)
         self.exit_codes = [consumer.proc.wait(timeout=120) for consumer in self.consumers]
@@ -372,15 +344,6 @@ class Run:
         for log in self._logs:
             log.close()
         return elapsed
-
-
-def _wait_until_consuming(consumer: Consumer, timeout: float = 60.0) -> None:
-    """Poll the consumer's log (with a deadline) for the line a started worker writes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and consumer.proc.poll() is None:
-        if b" consuming " in consumer.log.read_bytes():
-            return
-        time.sleep(0.05)
 
 
 def reset(using: str = "default") -> None:
@@ -553,7 +516,7 @@ def check(run: Run, elapsed: float) -> Figures:
         ", ".join(str(d.detail) for d in disruptions) or "0",
     )
     figures.add("worker reconnects logged", logs.count("database reachable again"))
-    figures.add("messages released from dead workers", _released(logs))
+    figures.add("messages released from dead workers", released(logs))
     figures.add("time limits hit", logs.count("ran past its time limit"))
     figures.check("worker crashes (unexpected exits)", run.crashes, "a worker died by itself")
     bad_exits = sum(1 for code in run.exit_codes if code != 0)
@@ -584,14 +547,6 @@ def check(run: Run, elapsed: float) -> Figures:
     return figures
 
 
-def _released(logs: str) -> int:
-    total = 0
-    for line in logs.splitlines():
-        if "stopped sending heartbeats; released" in line:
-            total += int(line.split("released ")[1].split(" ")[0])
-    return total
-
-
 def run_chaos(config: Config, env: dict[str, str], workdir: Path | None = None) -> Figures:
     """Run one chaos round against the configured database and check it."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="delayq-chaos-"))
@@ -610,37 +565,6 @@ def run_chaos(config: Config, env: dict[str, str], workdir: Path | None = None) 
 
 
 # -- command line --------------------------------------------------------------
-
-
-def _prepare_database(url: str) -> dict[str, str]:
-    """Create (if needed) and migrate the run's own database; returns the env."""
-    import environ
-
-    config = environ.Env.db_url_config(url)
-    if config["ENGINE"] != "django.db.backends.postgresql":
-        raise SystemExit("the chaos run needs PostgreSQL (DATABASE_URL=postgres://...)")
-    import psycopg
-
-    admin = psycopg.connect(
-        host=config["HOST"],
-        port=config["PORT"] or 5432,
-        user=config["USER"],
-        password=config["PASSWORD"] or None,
-        dbname="postgres",
-        autocommit=True,
-    )
-    with admin:
-        exists = admin.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [config["NAME"]]
-        ).fetchone()
-        if not exists:
-            admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
-    env = dict(os.environ)
-    env["DATABASE_URL"] = url
-    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["DELAYQ_TEST_DATABASE_NAME"] = config["NAME"]
-    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -670,15 +594,8 @@ def main(argv: list[str] | None = None) -> int:
         produce(args.index, args.count, args.slow, args.seed)
         return 0
 
-    env = _prepare_database(args.database_url)
-    os.environ.update(
-        {k: env[k] for k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "DELAYQ_TEST_DATABASE_NAME")}
-    )
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    env = prepare_database(args.database_url)
+    setup_django(env)
     config = Config(
         producers=args.producers,
         consumers=args.consumers,

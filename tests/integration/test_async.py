@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq import enqueue, enqueue_many, handler, signals
+from django_delayq import enqueue, enqueue_many, handler, operations, signals
 from django_delayq.models import Message
 from django_delayq.testing import run_pending
 from django_delayq.worker import Worker
@@ -96,3 +96,38 @@ def test_an_atomic_async_handler_is_refused_where_it_is_declared():
         @handler("async-atomic", atomic=True)
         async def h(message):  # pragma: no cover - never registered
             await asyncio.sleep(0)
+
+
+def test_a_connection_the_database_dropped_fails_one_async_handler_not_all_after_it(
+    serving_worker,
+):
+    """The async ORM runs on asgiref's thread, whose connection no outcome write
+    uses: one the database dropped is closed after the handler that met it, and the
+    next attempt connects again (it failed every async handler after it)."""
+    from asgiref.sync import SyncToAsync
+    from django.db import connection as ours
+    from django.db import connections
+
+    if ours.vendor == "sqlite":
+        pytest.skip("a SQLite connection is a file: no server drops it")
+    first = enqueue("async", {}).message
+    serving_worker(["async"])
+    wait_for(lambda: Message.objects.get(pk=first.pk).status == "succeeded", message="first")
+
+    def drop() -> None:  # as a server that went away: the driver's connection is dead
+        connections["default"].connection.close()
+
+    SyncToAsync.single_thread_executor.submit(drop).result(timeout=30)
+    second = enqueue("async", {}).message  # max_attempts=2
+    wait_for(
+        lambda: Message.objects.filter(pk=second.pk, status="pending", attempt_count=1).exists(),
+        message="its first attempt's failure",
+    )
+    operations.run_now(Message.objects.filter(pk=second.pk))  # not after the policy's delay
+    wait_for(
+        lambda: Message.objects.get(pk=second.pk).status in ("succeeded", "failed"),
+        message="the second message's end",
+    )
+    second.refresh_from_db()
+    assert second.status == "succeeded", second.last_error
+    assert second.attempt_count == 2  # its first attempt met the dropped connection

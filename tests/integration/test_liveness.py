@@ -150,3 +150,40 @@ def test_dead_after_shorter_than_two_heartbeats_is_reported():
         errors = check_settings()
     assert [e.id for e in errors] == ["django_delayq.E020"]
     assert "twice HEARTBEAT_INTERVAL" in errors[0].msg
+
+
+def test_sqlite_keeps_the_messages_of_a_live_worker_of_this_host_whatever_its_heartbeat(
+    fake_clock,
+):
+    """On SQLite every worker is on the host that has the file, and none can write a
+    heartbeat while a long transaction (an atomic handler's, a producer's) holds the
+    write lock: once it ends, every worker's ``last_seen`` is old. Dead-worker release
+    must then ask the operating system, as the claim does (``delayq_process_alive``):
+    a worker whose process lives keeps what it runs; one whose process is gone is
+    released."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only: elsewhere workers may be on other hosts, heartbeats decide")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    live_name = f"{socket.gethostname()}:{os.getpid()}"  # this test's process: alive
+    gone_name = f"{socket.gethostname()}:{gone.pid}"  # exited (and reaped)
+    for name in (live_name, gone_name):
+        liveness.register(name, queues=["default"], concurrency=1)
+    enqueue("default", {}, key="a")
+    enqueue("default", {}, key="b")
+    held_live = changes.claim(["default"], 1, worker=live_name, lease=timedelta(hours=1))
+    held_gone = changes.claim(["default"], 1, worker=gone_name, lease=timedelta(hours=1))
+    # Both heartbeats are older than WORKER_DEAD_AFTER (the write lock held them back).
+    fake_clock.advance(liveness.dead_after().total_seconds() + 1)
+
+    assert liveness.release_dead("me") == {gone_name: 1}
+
+    assert Message.objects.get(pk=held_live.messages[0].pk).status == "running"
+    assert Message.objects.get(pk=held_gone.messages[0].pk).status == "pending"

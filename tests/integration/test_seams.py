@@ -393,3 +393,60 @@ def test_an_interface_error_is_a_lost_connection_not_a_crash(
     message = enqueue("default", {}).message
     wait_for(lambda: Message.objects.get(pk=message.pk).status == "succeeded", message="done")
     assert not worker.book.stopping
+
+
+def test_a_coroutine_handed_to_a_dying_event_loop_is_never_left_waiting(monkeypatch):
+    """An ``async def`` handler that raises ``KeyboardInterrupt`` or ``SystemExit``
+    kills the worker's event loop thread (asyncio lets them out of ``run_forever``).
+    A coroutine an executor hands to that loop while it shuts down (cancelling its
+    tasks, closing its connections) was scheduled on a loop that then closed with
+    it pending: the executor waited for its result for ever, and the message
+    stayed ``running``, its lease extended, never run (found by the adversary run).
+    It must be refused or ended (cancelled), and the restarted loop must work."""
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    from django_delayq.worker import aio
+
+    closing, submitted = threading.Event(), threading.Event()
+
+    async def slow_close():
+        closing.set()
+        while not submitted.is_set():
+            await asyncio.sleep(0.01)
+
+    monkeypatch.setattr(aio, "_close_connections", slow_close)
+
+    class Supervisor:
+        restarts: list = []
+
+        def died(self, part, error, restart, thread=None):
+            self.restarts.append(restart)
+
+    supervisor = Supervisor()
+    loop = aio.EventLoop(supervisor)  # type: ignore[arg-type]
+    loop.start()
+
+    async def killer():
+        raise KeyboardInterrupt("raised by a handler")
+
+    async def victim():
+        await asyncio.sleep(0.2)
+        return "ran"
+
+    loop.submit(killer())
+    assert closing.wait(10)
+    try:
+        future = loop.submit(victim())
+    except RuntimeError:
+        future = None  # refused: the executor records a failed attempt
+    submitted.set()
+    if future is not None:
+        done, _ = finishes_within(10, lambda: concurrent.futures.wait([future], timeout=10))
+        assert done, "the coroutine's future never ended: its executor would wait for ever"
+    monkeypatch.undo()
+    wait_for(lambda: supervisor.restarts, message="the loop's death reported")
+    finishes_within(10, supervisor.restarts[0])
+    assert finishes_within(10, lambda: loop.submit(victim()).result(10)) == "ran"
+    loop.stop()

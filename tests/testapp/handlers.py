@@ -371,3 +371,7 @@ def stolen_handler(message):
         thread.start()
         thread.join()
     _run(message)
+
+
+# The adversary suite's handlers (tests/chaos/adversaries.py).
+from tests.testapp import adversary_handlers  # noqa: E402, F401

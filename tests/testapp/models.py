@@ -64,3 +64,33 @@ class Shipment(QueueFields):
 
     def __str__(self) -> str:
         return self.reference
+
+
+class Operation(models.Model):
+    """An operator's action of the adversary suite, from a process with a skewed clock.
+
+    ``at`` is the real time just before the action, ``due`` the due time it set
+    (a reschedule), ``changed`` how many rows it changed.
+    """
+
+    message_id = models.BigIntegerField(db_index=True)
+    action = models.CharField(max_length=20)
+    offset = models.FloatField(default=0)
+    at = models.DateTimeField()
+    due = models.DateTimeField(null=True)
+    changed = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.action} of message {self.message_id}"
+
+
+class Raised(models.Model):
+    """A callback of the adversary suite that raised on purpose (``where``, ``exception``)."""
+
+    message_id = models.BigIntegerField(db_index=True)
+    where = models.CharField(max_length=20)
+    exception = models.CharField(max_length=30)
+    pid = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.where} raised {self.exception} for message {self.message_id}"
