@@ -364,3 +364,11 @@ def stolen_handler(message):
         thread.start()
         thread.join()
     _run(message)
+
+
+@handler("surrogates", max_attempts=1)
+def surrogate_handler(message):
+    """Fails with a message holding a lone surrogate (a file name decoded with
+    surrogateescape): its outcome is still recorded."""
+    name = bytes.fromhex(message.payload["name"]).decode("utf-8", "surrogateescape")
+    raise Boom(f"cannot open {name}")
