@@ -50,7 +50,7 @@ def check_payload(payload: Any, where: str = "") -> int:
     return len(encode_payload(payload, where).encode())
 
 
-def encode_payload(payload: Any, where: str = "") -> str:
+def encode_payload(payload: Any, where: str = "", *, max_size: int | None = None) -> str:
     """Check ``payload`` and return its JSON text (what the database will store).
 
     Refused: anything JSON cannot hold (with its type and path), non-string
@@ -73,6 +73,10 @@ def encode_payload(payload: Any, where: str = "") -> str:
     strings, NUL), never meets one and keeps no record of where it is. Only
     when ``json.dumps`` fails does the walk run with that record, to name
     the offending path: a shared value that is no cycle stays accepted.
+
+    ``max_size``: the most bytes the encoded text may take (None:
+    ``DELAYQ["MAX_PAYLOAD_SIZE"]``; 0: any, and no settings are read, as on
+    a Spark executor).
     """
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -84,7 +88,7 @@ def encode_payload(payload: Any, where: str = "") -> str:
     _walk(payload, where, cycles=False, surrogates=SURROGATE.search(text) is not None)
     if _EXPONENT.search(text):
         text = _encode(payload)
-    limit = get_config()["MAX_PAYLOAD_SIZE"]
+    limit = get_config()["MAX_PAYLOAD_SIZE"] if max_size is None else max_size
     if limit and len(text) * 4 > limit:  # cheap bound first: UTF-8 is at most 4 bytes a char
         size = len(text.encode())
         if size > limit:
@@ -111,8 +115,9 @@ def dumps(value: Any) -> str:
     return text
 
 
-def decode_payload(text: str | bytes, where: str = "") -> Any:
-    """The payload of a JSON text, checked as :func:`encode_payload` checks one.
+def decode_payload(text: str | bytes, where: str = "", *, max_size: int | None = None) -> Any:
+    """The payload of a JSON text, checked as :func:`encode_payload` checks one
+    (``max_size``: as there; 0 checks no size, and needs no settings).
 
     A ``ValueError`` names what is wrong: not JSON (with the position),
     nested deeper than :data:`MAX_PAYLOAD_DEPTH` (found before the parser
@@ -127,7 +132,7 @@ def decode_payload(text: str | bytes, where: str = "") -> Any:
         raise _too_deep(where, "payload", None) from None
     except ValueError as exc:
         raise ValueError(f"{where}payload is not valid JSON: {exc}") from None
-    encode_payload(value, where)
+    encode_payload(value, where, max_size=max_size)
     return value
 
 

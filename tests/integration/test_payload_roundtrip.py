@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.models import Message
+from django_delayq.payload import MAX_PAYLOAD_DEPTH
 from tests.json_values import JSON_VALUES, exact
 from tests.testapp.models import Effect
 
@@ -188,8 +189,6 @@ def nested(depth: int, kind: str = "list") -> Any:
 @pytest.mark.parametrize("in_atomic", [AUTOCOMMIT, IN_ATOMIC])
 @pytest.mark.parametrize("kind", ["list", "mixed"])
 def test_a_payload_nested_to_the_limit_round_trips_on_every_path(kind, in_atomic):
-    from django_delayq.payload import MAX_PAYLOAD_DEPTH
-
     value = nested(MAX_PAYLOAD_DEPTH, kind)
     with caller(in_atomic):
         one = enqueue("default", value).message
@@ -206,8 +205,6 @@ def test_a_payload_nested_to_the_limit_round_trips_on_every_path(kind, in_atomic
 def test_a_payload_nested_past_the_limit_is_refused_naming_it(depth):
     """MariaDB refused 32 levels and more (a 31-deep payload failed as a W050 collation
     error inside the batch's document); a 980-deep one was accepted elsewhere."""
-    from django_delayq.payload import MAX_PAYLOAD_DEPTH
-
     assert MAX_PAYLOAD_DEPTH == 20
     value = nested(depth)
     with pytest.raises(ValueError, match=r"payload\[0\]\[0\].* deeper than MAX_PAYLOAD_DEPTH"):
@@ -287,3 +284,17 @@ def test_the_admin_form_refuses_what_enqueue_refuses(admin_client, text, error):
     assert response.status_code == 200
     assert error in response.content.decode()
     assert exact(stored(message)) == exact({"before": 1})
+
+
+@pytest.mark.django_db
+def test_the_depth_limit_holds_for_task_arguments_and_the_triage_edit():
+    """A task's call is ``{"args": [...], ...}``: an argument has two levels less."""
+    from django_delayq.triage import PayloadError, parse_payload
+    from tests.testapp.tasks import echo
+
+    echo.enqueue(nested(MAX_PAYLOAD_DEPTH - 2))
+    with pytest.raises(ValueError, match=r"payload\['args'\]\[0\].* than MAX_PAYLOAD_DEPTH \(20"):
+        echo.enqueue(nested(MAX_PAYLOAD_DEPTH - 1))
+    assert Message.objects.count() == 1
+    with pytest.raises(PayloadError, match=r"nested deeper than MAX_PAYLOAD_DEPTH \(20"):
+        parse_payload("[" * 100_000 + "]" * 100_000)
