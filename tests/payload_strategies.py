@@ -38,9 +38,10 @@ PROFILE = hypothesis.settings.get_profile(
 )
 
 
-def examples(share: float = 1.0) -> hypothesis.settings:
-    """The profile's settings, with ``share`` of its examples (for slow paths such as Spark)."""
-    return hypothesis.settings(PROFILE, max_examples=max(5, int(PROFILE.max_examples * share)))
+def examples(share: float = 1.0, least: int = 5) -> hypothesis.settings:
+    """The profile's settings, with ``share`` of its examples (at least ``least``), for
+    slow paths such as Spark."""
+    return hypothesis.settings(PROFILE, max_examples=max(least, int(PROFILE.max_examples * share)))
 
 
 # Any character but NUL and the lone surrogates: what every database stores.
@@ -109,7 +110,5 @@ OUTSIDE = st.one_of(
     ),
     st.builds(lambda t: {t + "\x00": 1}, TEXT).map(lambda v: (v, "NUL")),
     _inside(st.sampled_from([{1: "x"}, {None: 1}])).map(lambda v: (v, "keys must be strings")),
-    _inside(st.sampled_from([b"x", {1, 2}, object()])).map(
-        lambda v: (v, "not JSON-serialisable")
-    ),
+    _inside(st.sampled_from([b"x", {1, 2}, object()])).map(lambda v: (v, "not JSON-serialisable")),
 )
