@@ -306,3 +306,35 @@ def test_an_error_text_holding_a_lone_surrogate_is_recorded(run_worker):
     assert "cannot open report-\\udcff.csv" in after.last_error
     assert "\\udcff" in after.last_traceback
     assert "without an outcome" not in after.last_error
+
+
+def test_the_admin_pages_show_a_stored_lone_surrogate_escaped(admin_client):
+    """Such a payload can no longer be written, but one written before (as JSON text's
+    ``\\ud800`` escape, which SQLite keeps) made the change page 500."""
+    from django.db import connection
+    from django.urls import reverse
+
+    from tests.admin.message_pages import change_url
+    from tests.admin.staff import staff_client
+
+    if connection.vendor != "sqlite":
+        pytest.skip("jsonb and MariaDB's JSON check refuse a lone surrogate's escape")
+    message = enqueue("default", {"file": "x"}).message
+    Message.objects.filter(pk=message.pk).update(status="failed", next_attempt_time=None)
+    table = connection.ops.quote_name(Message._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET payload = %s WHERE id = %s",  # noqa: S608 - the model's table
+            ['{"file": "report-\\udcff.csv"}', message.pk],
+        )
+    assert Message.objects.get(pk=message.pk).payload == {"file": LONE}
+    viewer = staff_client("viewer", "view_message")[0]
+    edit = reverse("admin:django_delayq_message_edit_payload", args=[message.pk])
+    for client, url in [
+        (admin_client, change_url(message.pk)),
+        (viewer, change_url(message.pk)),
+        (admin_client, edit),
+    ]:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert "report-\\udcff.csv" in response.content.decode(), url
