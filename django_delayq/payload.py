@@ -31,6 +31,11 @@ MAX_PAYLOAD_DEPTH = 20
 _EXPONENT = re.compile(r"[0-9]e[-+][0-9]")
 
 
+def _has_exponent(text: str) -> bool:
+    # The substrings first: a search of them is many times quicker than the pattern's.
+    return ("e+" in text or "e-" in text) and _EXPONENT.search(text) is not None
+
+
 # Where a value sits in the payload: (parent trail, key or index), or None at
 # the top. Kept as links and only spelled out for an error message, because
 # formatting a path for every value cost more than encoding the payload.
@@ -85,12 +90,18 @@ def encode_payload(payload: Any, where: str = "", *, max_size: int | None = None
         if isinstance(exc, RecursionError):
             raise _too_deep(where, "payload", None) from None
         raise ValueError(f"{where}payload cannot be encoded as JSON: {exc}") from exc
-    _walk(payload, where, cycles=False, surrogates=SURROGATE.search(text) is not None)
-    if _EXPONENT.search(text):
+    try:
+        # Far quicker than a search for them: only a lone surrogate fails.
+        data: bytes | None = text.encode()
+    except UnicodeEncodeError:
+        data = None
+    _walk(payload, where, cycles=False, surrogates=data is None)
+    if _has_exponent(text):
         text = _encode(payload)
+        data = None
     limit = get_config()["MAX_PAYLOAD_SIZE"] if max_size is None else max_size
     if limit and len(text) * 4 > limit:  # cheap bound first: UTF-8 is at most 4 bytes a char
-        size = len(text.encode())
+        size = len(text.encode() if data is None else data)
         if size > limit:
             raise ValueError(
                 f"{where}payload is {size} bytes encoded, over DELAYQ['MAX_PAYLOAD_SIZE'] ({limit})"
@@ -107,7 +118,7 @@ def dumps(value: Any) -> str:
     """``value``'s JSON text as payloads are written (floats as :func:`encode_payload`
     writes them), unchecked: for values checked already, or not stored."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    if _EXPONENT.search(text):
+    if _has_exponent(text):
         try:
             text = _encode(value)
         except RecursionError:
