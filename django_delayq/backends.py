@@ -60,6 +60,7 @@ from django_delayq.exceptions import DelayQError, Retry
 from django_delayq.flow import check_group
 from django_delayq.payload import encode_payload
 from django_delayq.routers import queue_alias
+from django_delayq.values import escape_surrogates
 
 # Django 6 ships the framework as django.tasks (the type checker reads it);
 # on Django 5.2 the django-tasks backport has the same modules.
@@ -522,7 +523,7 @@ def _record(message: Message, **outcome: Any) -> bool:
 def _error(message: Message, exc: BaseException) -> dict[str, Any]:
     return {
         "exception_class_path": _class_path(type(exc)),
-        "traceback": "".join(format_exception(exc)).replace("\x00", "\\x00"),
+        "traceback": escape_surrogates("".join(format_exception(exc)).replace("\x00", "\\x00")),
         "attempt": message.attempt_count,
     }
 

@@ -10,6 +10,7 @@ the columns a queued row has: ``Message`` and the models that inherit
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from django.db import models
@@ -87,6 +88,13 @@ class QueueColumns(models.Model):
         return self.last_error.splitlines()[0] if self.last_error else ""
 
 
+class _PayloadEncoder(json.JSONEncoder):
+    def encode(self, o: Any) -> str:
+        from django_delayq.payload import dumps
+
+        return dumps(o)
+
+
 class PayloadField(models.JSONField):
     """A ``JSONField`` that writes ``None`` as JSON ``null``, not SQL NULL.
 
@@ -106,6 +114,13 @@ class PayloadField(models.JSONField):
         if value is None:
             return self.get_db_prep_value(None, connection)
         return super().get_db_prep_save(value, connection)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        # Written as enqueue writes a payload (payload.dumps): a float keeps
+        # its type on PostgreSQL (jsonb would read 1e+16 back as an int).
+        if not prepared:
+            value = self.get_prep_value(value)
+        return connection.ops.adapt_json_value(value, _PayloadEncoder)
 
     def deconstruct(self) -> Any:
         name, _path, args, kwargs = super().deconstruct()

@@ -21,7 +21,7 @@ from django_delayq import operations
 from django_delayq.exceptions import DelayQError
 from django_delayq.fingerprint import normalise, normalise_message, split_error
 from django_delayq.models import Message
-from django_delayq.payload import check_payload
+from django_delayq.payload import check_payload, check_text_depth
 from django_delayq.routers import queue_alias
 from django_delayq.store import changes
 from django_delayq.store.queries import MessageQuerySet
@@ -178,6 +178,10 @@ class PayloadError(DelayQError, ValueError):
 
 def parse_payload(text: str) -> Any:
     """Decode and check an operator's JSON, with the same rules as ``enqueue``."""
+    try:
+        check_text_depth(text)  # before the parser recurses into it
+    except ValueError as exc:
+        raise PayloadError(str(exc)) from None
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -45,10 +45,11 @@ from django_delayq.admin import actions
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.flow import continuing_queues
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
-from django_delayq.payload import check_payload
+from django_delayq.payload import check_payload, check_text_depth
 from django_delayq.registry import max_attempts_of, registry
 from django_delayq.store import changes, queries
 from django_delayq.store.queries import due_condition, retrying_condition
+from django_delayq.values import escape_surrogates
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -391,7 +392,25 @@ class PrettyJSONField(forms.JSONField):
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, InvalidJSONInput):
             return value
-        return json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder)
+        # A lone surrogate (refused on save) is shown escaped: a page cannot hold one.
+        return escape_surrogates(json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder))
+
+    def to_python(self, value: Any) -> Any:
+        # The depth is checked before the parser recurses into the text.
+        if isinstance(value, str):
+            try:
+                check_text_depth(value)
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return super().to_python(value)
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if isinstance(data, str):
+            try:
+                check_text_depth(data)
+            except ValueError:
+                return InvalidJSONInput(data)  # shown again as it was sent
+        return super().bound_data(data, initial)
 
 
 # Why a running message's kind is not changed (the change form's messages).
@@ -576,7 +595,7 @@ class MessageAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("payload"))
     def payload_display(self, obj: Message) -> SafeString:
-        text = json.dumps(obj.payload, indent=2, ensure_ascii=False)
+        text = escape_surrogates(json.dumps(obj.payload, indent=2, ensure_ascii=False))
         return format_html('<pre class="dq-pre">{}</pre>', text)
 
     @admin.display(description=gettext_lazy("first scheduled"))

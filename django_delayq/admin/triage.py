@@ -32,6 +32,7 @@ from django_delayq.admin.dashboard import admin_url, changelist_url
 from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
 from django_delayq.fingerprint import normalise
 from django_delayq.models import QUEUE_MAX_LENGTH, Message
+from django_delayq.values import escape_surrogates
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -202,7 +203,7 @@ def edit_payload_view(
         raise PermissionDenied
     change_url = admin_url(model_admin, "change", message.pk)
     error = ""
-    text = json.dumps(message.payload, indent=2, ensure_ascii=False, sort_keys=False)
+    text = escape_surrogates(json.dumps(message.payload, indent=2, ensure_ascii=False))
     if request.method == "POST":
         text = request.POST.get("payload", "")
         try:

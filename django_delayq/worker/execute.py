@@ -40,6 +40,7 @@ from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
 from django_delayq.store import changes
+from django_delayq.values import escape_surrogates
 from django_delayq.worker import aio
 from django_delayq.worker.background import DB_ERRORS
 
@@ -72,8 +73,10 @@ class _LeaseLost(DelayQError):
 
 
 def _clean(text: str) -> str:
-    # PostgreSQL text cannot hold NUL; an exception message may.
-    return text.replace("\x00", "\\x00")
+    # PostgreSQL text cannot hold NUL, and no database a lone surrogate (a
+    # file name decoded with surrogateescape); an exception message may hold
+    # either, and its outcome must still be recorded.
+    return escape_surrogates(text.replace("\x00", "\\x00"))
 
 
 def describe(exc: BaseException) -> str:

@@ -251,3 +251,90 @@ def test_a_claim_the_database_refuses_stops_the_worker_instead_of_retrying_for_e
     assert Message.objects.get(pk=message.pk).status == "pending"
     Worker(["default"], burst=True).run()
     assert Message.objects.get(pk=message.pk).status == "succeeded"
+
+
+# -- lone surrogates -----------------------------------------------------------
+
+# What surrogateescape makes of a byte that is no UTF-8 (a file name, say).
+LONE = b"report-\xff.csv".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"payload": {"file": LONE}}, r"payload\['file'\] contains a lone surrogate"),
+        ({"payload": {LONE: 1}}, r"payload has a key that contains a lone surrogate"),
+        ({"payload": [1, ["\ud800"]]}, r"payload\[1\]\[0\] contains a lone surrogate"),
+        ({"key": LONE}, r"^key contains a lone surrogate \(\\udcff at character 7\)"),
+        ({"group": LONE}, r"^group contains a lone surrogate"),
+        ({"kind": LONE}, r"^kind contains a lone surrogate"),
+    ],
+    ids=["payload-value", "payload-key", "payload-nested", "key", "group", "kind"],
+)
+def test_a_lone_surrogate_is_refused_naming_the_argument(arguments, named):
+    """The driver raised UnicodeEncodeError, naming nothing."""
+    with pytest.raises(ValueError, match=named):
+        enqueue("default", **{"payload": 1, **arguments})
+    if "key" in arguments:
+        with pytest.raises(ValueError, match=r"message 1: key contains a lone surrogate"):
+            enqueue_many("default", [1, 2], keys=["a", LONE])
+    else:
+        many = dict(arguments)
+        many["payloads"] = [1, many.pop("payload")] if "payload" in many else [1]
+        with pytest.raises(ValueError, match=named.replace("payload", "(message 1: )?payload")):
+            enqueue_many("default", **many)
+    assert not Message.objects.exists()
+
+
+def test_a_lone_surrogate_in_a_task_argument_is_refused_naming_it():
+    from tests.testapp.tasks import echo
+
+    with pytest.raises(ValueError, match=r"payload\['args'\]\[0\] contains a lone surrogate"):
+        echo.enqueue(LONE)
+    with pytest.raises(ValueError, match=r"payload\['kwargs'\]\['value'\] contains a lone"):
+        echo.enqueue(value=LONE)
+    assert not Message.objects.exists()
+
+
+def test_an_error_text_holding_a_lone_surrogate_is_recorded(run_worker):
+    """Every attempt ended "unrecorded", and the message finally "ended without an outcome"."""
+    message = enqueue("surrogates", {"name": LONE.encode("utf-8", "surrogateescape").hex()}).message
+    run_worker(["surrogates"])
+    after = Message.objects.get(pk=message.pk)
+    assert after.status == "failed"
+    assert after.attempt_count == 1
+    assert "cannot open report-\\udcff.csv" in after.last_error
+    assert "\\udcff" in after.last_traceback
+    assert "without an outcome" not in after.last_error
+
+
+def test_the_admin_pages_show_a_stored_lone_surrogate_escaped(admin_client):
+    """Such a payload can no longer be written, but one written before (as JSON text's
+    ``\\ud800`` escape, which SQLite keeps) made the change page 500."""
+    from django.db import connection
+    from django.urls import reverse
+
+    from tests.admin.message_pages import change_url
+    from tests.admin.staff import staff_client
+
+    if connection.vendor != "sqlite":
+        pytest.skip("jsonb and MariaDB's JSON check refuse a lone surrogate's escape")
+    message = enqueue("default", {"file": "x"}).message
+    Message.objects.filter(pk=message.pk).update(status="failed", next_attempt_time=None)
+    table = connection.ops.quote_name(Message._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET payload = %s WHERE id = %s",  # noqa: S608 - the model's table
+            ['{"file": "report-\\udcff.csv"}', message.pk],
+        )
+    assert Message.objects.get(pk=message.pk).payload == {"file": LONE}
+    viewer = staff_client("viewer", "view_message")[0]
+    edit = reverse("admin:django_delayq_message_edit_payload", args=[message.pk])
+    for client, url in [
+        (admin_client, change_url(message.pk)),
+        (viewer, change_url(message.pk)),
+        (admin_client, edit),
+    ]:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert "report-\\udcff.csv" in response.content.decode(), url

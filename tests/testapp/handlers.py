@@ -373,5 +373,13 @@ def stolen_handler(message):
     _run(message)
 
 
+@handler("surrogates", max_attempts=1)
+def surrogate_handler(message):
+    """Fails with a message holding a lone surrogate (a file name decoded with
+    surrogateescape): its outcome is still recorded."""
+    name = bytes.fromhex(message.payload["name"]).decode("utf-8", "surrogateescape")
+    raise Boom(f"cannot open {name}")
+
+
 # The adversary suite's handlers (tests/chaos/adversaries.py).
 from tests.testapp import adversary_handlers  # noqa: E402, F401

@@ -14,6 +14,7 @@ versions, so a second attempt deletes nothing more.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -148,7 +149,54 @@ def write_partition(plan: LoadPlan, rows: Iterable[Any]) -> Iterator[tuple[int, 
     """
     writers = {"postgresql": _write_postgresql, "mysql": _write_mysql}
     writer = writers.get(plan.target.vendor, _write_sqlite)
-    yield writer(plan, iter(rows)).as_tuple()
+    yield writer(plan, map(_as_enqueue_writes, rows)).as_tuple()
+
+
+def payload_of_line(names: tuple[str, ...], line: str) -> tuple[str | None, str | None]:
+    """``(payload JSON text, None)`` from one JSON line's ``names``, or ``(None, reason)``.
+
+    Parsed and checked as ``enqueue`` checks a payload (``payload.py``: the
+    same types, floats, depth, lone surrogates); the size is checked in the
+    JVM with the other rows' sizes. Runs on the executors, without Django's
+    settings.
+    """
+    from django_delayq.payload import MAX_PAYLOAD_DEPTH, check_text_depth, encode_payload
+
+    try:
+        check_text_depth(line)
+        value = json.loads(line)
+    except RecursionError:  # not reached: the depth is bounded above
+        return None, f"the line is nested deeper than MAX_PAYLOAD_DEPTH ({MAX_PAYLOAD_DEPTH})"
+    except ValueError as exc:
+        if "MAX_PAYLOAD_DEPTH" in str(exc):
+            return None, str(exc)
+        return None, f"malformed JSON line: {exc}"
+    if not isinstance(value, dict):
+        return None, f"malformed JSON line: a {type(value).__name__}, not an object"
+    try:
+        return encode_payload({n: value.get(n) for n in names}, max_size=0), None
+    except (TypeError, ValueError) as exc:
+        return None, str(exc)
+
+
+# A number in exponent notation as Java writes one (1.0E16, 4.9E-324); a
+# string's text may match too, which only costs a second encoding.
+_JAVA_EXPONENT = re.compile(r"[0-9]E-?[0-9]")
+
+
+def _as_enqueue_writes(row: Any) -> Any:
+    """The row, its payload's floats written as ``enqueue`` writes them.
+
+    ``to_json`` writes a double of 10**7 or more, or under 10**-3, with an
+    exponent, and PostgreSQL's jsonb keeps the digits, not the notation:
+    ``1.0E16`` came back as the int 10**16.
+    """
+    payload = row[1]
+    if payload is None or not _JAVA_EXPONENT.search(payload):
+        return row
+    from django_delayq.payload import dumps
+
+    return (row[0], dumps(json.loads(payload)), *row[2:])
 
 
 def _write_postgresql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:

@@ -42,7 +42,14 @@ every waiting message until the end), and a job that dies midway leaves no
 unheld rows behind for a last step that never ran.
 
 Payloads are encoded by Spark's ``to_json`` in the JVM, so the Python
-workers only stream three strings per row into COPY.
+workers only stream three strings per row into COPY (re-encoding the few
+whose floats Java wrote with an exponent, as ``enqueue`` writes them: see
+``dbapi.write_partition``). JSON lines are the exception: each payload is
+parsed from its line's own text by the rules of ``enqueue``
+(``dbapi.payload_of_line``), because Spark's schema inference changes the
+types of ragged input. A payload nested deeper than ``MAX_PAYLOAD_DEPTH``
+is refused before anything is written: by its column's type (Parquet), or
+as a rejected row (JSON lines).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from django_delayq.contrib.spark.storage import java_message
 from django_delayq.enqueuing import check_priority
 from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH
+from django_delayq.payload import MAX_PAYLOAD_DEPTH
 from django_delayq.registry import validate_kind, validate_queue_name
 
 if TYPE_CHECKING:
@@ -88,6 +96,8 @@ _EXTENSIONS = {
 _COMPRESSION = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".deflate")
 _URL = re.compile(r"^[A-Za-z][\w+.-]*://")
 CORRUPT = "_corrupt_record"
+# The column holding each JSON line's own text (read_source).
+LINE = "_delayq_line"
 # How to_json writes what JSON has no type for: ISO 8601, in UTC.
 JSON_OPTIONS = {
     "ignoreNullFields": "false",
@@ -264,7 +274,7 @@ def read_source(spark: SparkSession, source: str, fmt: str) -> DataFrame:
         if fmt == "parquet":
             return spark.read.parquet(source)
         if fmt == "json":
-            return spark.read.option("mode", "PERMISSIVE").json(source)
+            return _read_json_lines(spark, source)
         reader = spark.read.option("header", True).option("mode", "PERMISSIVE")
         inferred = reader.option("inferSchema", True).csv(source).schema
         # CSV has no date type: a column Spark guessed to be one keeps its text.
@@ -279,6 +289,37 @@ def read_source(spark: SparkSession, source: str, fmt: str) -> DataFrame:
         return reader.schema(text).csv(source)
     except Exception as exc:
         raise PipelineError(f"cannot read {source} as {fmt}: {java_message(exc)}") from exc
+
+
+def _read_json_lines(spark: SparkSession, source: str) -> DataFrame:
+    """Each line's columns as Spark infers them, and the line itself (``LINE``).
+
+    The columns serve as the key, group, order and run-at columns; the
+    payload is made from the line's own text (``dbapi.payload_of_line``):
+    Spark's schema inference widens ragged columns, so beside a deeper
+    array, ``{"deep": [[1]]}`` would read as ``[["1"]]``.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    inferred = spark.read.option("mode", "PERMISSIVE").json(source).schema
+    fields = StructType([f for f in inferred.fields if f.name != CORRUPT])
+    lines = spark.read.text(source).filter(F.trim(F.col("value")) != "")
+    parsed = F.from_json(F.col("value"), fields, {"mode": "PERMISSIVE"})
+    return lines.select(parsed.alias("_row"), F.col("value").alias(LINE)).select("_row.*", LINE)
+
+
+def _type_depth(dtype: DataType) -> int:
+    """How deeply arrays and objects nest in a value of ``dtype`` (as JSON)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.ArrayType):
+        return 1 + _type_depth(dtype.elementType)
+    if isinstance(dtype, T.MapType):
+        return 1 + _type_depth(dtype.valueType)
+    if isinstance(dtype, T.StructType):
+        return 1 + max((_type_depth(f.dataType) for f in dtype.fields), default=0)
+    return 0
 
 
 def _string() -> DataType:
@@ -329,7 +370,7 @@ def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], lis
     """The data columns and the payload columns, or a :class:`PipelineError` naming the column."""
     from pyspark.sql import types as T
 
-    types = {f.name: f.dataType for f in df.schema.fields if f.name != CORRUPT}
+    types = {f.name: f.dataType for f in df.schema.fields if f.name not in (CORRUPT, LINE)}
     listing = ", ".join(types) or "none"
     source = options.source
 
@@ -368,6 +409,14 @@ def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], lis
             raise PipelineError(
                 f"payload column {name!r} has type {problem}, which JSON cannot hold; "
                 "convert it first or leave it out with --payload-columns"
+            )
+        # JSON lines: each line's own depth is checked (dbapi.payload_of_line).
+        depth = 1 + _type_depth(types[name])  # the payload is an object of the columns
+        if LINE not in df.columns and depth > MAX_PAYLOAD_DEPTH:
+            raise PipelineError(
+                f"payload column {name!r} has type {types[name].simpleString()}: in the "
+                f"payload (an object of the columns) it nests {depth} levels of arrays and "
+                f"objects, over MAX_PAYLOAD_DEPTH ({MAX_PAYLOAD_DEPTH}); nothing was written"
             )
     return list(types), payload
 
@@ -432,6 +481,19 @@ def _non_finite(col: Column, dtype: DataType) -> Column | None:
     return _any_leaf(col, dtype, floats, lambda x: F.isnan(x) | (F.abs(x) == float("inf")))
 
 
+def _negative_zero(col: Column, dtype: DataType) -> Column | None:
+    """True where a float anywhere inside ``col`` is -0.0 (``enqueue`` refuses it too)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    floats = (T.FloatType, T.DoubleType)
+    if not _mentions(dtype, floats):
+        return None
+    return _any_leaf(
+        col, dtype, floats, lambda x: (x == 0) & x.cast("string").startswith(F.lit("-"))
+    )
+
+
 def _has_nul(col: Column, dtype: DataType) -> Column | None:
     """True where a string anywhere inside ``col`` holds NUL (PostgreSQL's JSON cannot)."""
     from pyspark.sql import functions as F
@@ -483,8 +545,19 @@ def prepare(
 
     types = {f.name: f.dataType for f in df.schema.fields}
     row_json = F.to_json(F.struct(*[df[c] for c in columns]), JSON_OPTIONS)
-    payload_json = F.to_json(F.struct(*[df[c] for c in payload]), JSON_OPTIONS)
     checks: list[tuple[Column, Column]] = []
+    from_lines = LINE in types
+    if from_lines:
+        decode = F.udf(
+            functools.partial(dbapi.payload_of_line, tuple(payload)),
+            "payload string, reason string",
+            useArrow=False,  # the pipeline needs neither pandas nor PyArrow
+        )
+        decoded = decode(df[LINE])
+        payload_json = decoded["payload"]
+        checks.append((decoded["reason"].isNotNull(), decoded["reason"]))
+    else:
+        payload_json = F.to_json(F.struct(*[df[c] for c in payload]), JSON_OPTIONS)
     if CORRUPT in types:
         checks.append((df[CORRUPT].isNotNull(), F.lit("malformed JSON line")))
 
@@ -533,7 +606,18 @@ def prepare(
     else:
         due = F.lit(now + timedelta(seconds=options.delay or 0))
 
-    for name in payload:
+    for name in [] if from_lines else payload:
+        zero = _negative_zero(df[name], types[name])
+        if zero is not None:
+            checks.append(
+                (
+                    zero,
+                    F.lit(
+                        f"payload column {name!r} holds -0.0, which PostgreSQL's JSON type "
+                        "stores as 0.0"
+                    ),
+                )
+            )
         bad = _non_finite(df[name], types[name])
         if bad is not None:
             checks.append((bad, F.lit(f"payload column {name!r} holds NaN or an infinity")))
