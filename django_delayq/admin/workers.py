@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
@@ -19,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
 from django_delayq import clock, liveness
+from django_delayq.admin.messages import SafeChangeList, offered_lookups, refuse_nul
 from django_delayq.models import Message, WorkerState
 
 
@@ -42,6 +44,17 @@ class WorkerStateAdmin(admin.ModelAdmin):  # not [WorkerState]: fails at run tim
             .get_queryset(request)
             .annotate(db_now=clock.sql_now(), held_count=Coalesce(Subquery(held), 0))
         )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return SafeChangeList
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        refuse_nul(request)  # ?host=%00: a DataError on PostgreSQL
+        return super().get_changelist_instance(request)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Only the host filter the page offers (as on the message changelist)."""
+        return lookup in offered_lookups(self, request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
