@@ -141,14 +141,26 @@ def parse_path(raw: str) -> tuple[str, ...] | None:
     return None
 
 
+def size_refusal(text: str, terms: int) -> str:
+    """Why a search of ``terms`` terms is over a limit ("" when it is not)."""
+    if len(text) > MAX_SEARCH_LENGTH:
+        return (
+            f"the search is {len(text):,} characters long; "
+            f"at most {MAX_SEARCH_LENGTH:,} characters are searched"
+        )
+    if terms > MAX_TERMS:
+        return (
+            f"the search has more than {MAX_TERMS} terms; "
+            f"at most {MAX_TERMS} terms are searched at once"
+        )
+    return ""
+
+
 def parse(text: str) -> ParsedSearch:
     """Split a search string into payload terms and words (see the module docstring)."""
     text = text or ""
-    if len(text) > MAX_SEARCH_LENGTH:
-        return ParsedSearch(
-            refused=f"the search is {len(text):,} characters long; "
-            f"at most {MAX_SEARCH_LENGTH:,} characters are searched"
-        )
+    if refused := size_refusal(text, 0):
+        return ParsedSearch(refused=refused)
     result = ParsedSearch()
     for match in _TOKEN.finditer(text):
         groups = match.groupdict()
@@ -181,11 +193,8 @@ def parse(text: str) -> ParsedSearch:
             if word.strip():
                 result.words.append(word)
         terms = len(result.fields) + len(result.words) + len(result.errors)
-        if terms > MAX_TERMS:
-            return ParsedSearch(
-                refused=f"the search has more than {MAX_TERMS} terms; "
-                f"at most {MAX_TERMS} terms are searched at once"
-            )
+        if refused := size_refusal(text, terms):
+            return ParsedSearch(refused=refused)
     return result
 
 

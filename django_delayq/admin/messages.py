@@ -572,16 +572,21 @@ class PrettyJSONField(forms.JSONField):
 
     def to_python(self, value: Any) -> Any:
         # json.loads raises RecursionError on text nested too deeply (100,000
-        # brackets); Django only expects JSONDecodeError.
+        # brackets) and ValueError on an integer of over 4,300 digits; Django
+        # only expects JSONDecodeError.
         try:
             return super().to_python(value)
         except RecursionError:
             raise forms.ValidationError(TOO_DEEP, code="invalid") from None
+        except ValueError as exc:
+            raise forms.ValidationError(
+                _("not valid JSON: %s") % exc, code="invalid", params={"value": value}
+            ) from None
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         try:
             return super().bound_data(data, initial)
-        except RecursionError:
+        except (RecursionError, ValueError):
             return InvalidJSONInput(data)
 
     def has_changed(self, initial: Any, data: Any) -> bool:

@@ -147,6 +147,12 @@ def test_an_action_on_a_refused_search_changes_nothing(superuser):
     assert message.status == "pending"
 
 
+def test_a_thousand_words_on_the_workers_page_are_refused_with_a_message(superuser):
+    response = get(superuser, WORKERS, q=" ".join(["w"] * 1000))
+    assert response.status_code == 200
+    assert any("nothing is shown" in note for note in notes(response))
+
+
 # -- deeply nested JSON ---------------------------------------------------------------------
 
 
@@ -285,7 +291,8 @@ def test_a_queue_setting_keyed_by_a_non_string_is_a_check_error(settings, key):
 @pytest.mark.parametrize("key", [1, None])
 def test_pages_still_render_with_a_queue_setting_keyed_by_a_non_string(settings, superuser, key):
     """``check`` refuses it; a server started without the checks still answers."""
-    settings.DELAYQ = {"QUEUES": {key: {"CONTINUE_GROUP_ON_FAILURE": True}, "default": {}}}
+    continuing = {"GROUP_AFTER_FAILURE": "continue"}
+    settings.DELAYQ = {"QUEUES": {key: continuing, "default": continuing}}
     MessageFactory(group="g", status="failed", next_attempt_time=None)
     dashboard = reverse("admin:django_delayq_message_dashboard")
     for url in (dashboard, f"{CHANGELIST}?group_state=blocked", f"{CHANGELIST}?group_state=held"):
@@ -380,3 +387,15 @@ def test_an_action_with_a_bad_id_among_good_ones_says_so(superuser):
     assert response.status_code == 302
     assert any("not a message id" in note for note in notes(response))
     assert Message.objects.get(pk=message.pk).status == "pending"
+
+
+def test_a_change_form_post_of_an_integer_of_5000_digits_is_a_form_error(superuser):
+    message = MessageFactory(payload={"a": 1})
+    response = superuser.post(
+        change_url(message.pk),
+        {"kind": message.kind, "priority": "0", "max_attempts": "", "payload": "9" * 5000},
+    )
+    assert response.status_code == 200
+    assert "not valid JSON" in str(response.context["adminform"].form.errors["payload"])
+    message.refresh_from_db()
+    assert message.payload == {"a": 1}
