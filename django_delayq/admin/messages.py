@@ -895,7 +895,12 @@ class MessageAdmin(admin.ModelAdmin):
     def get_object(
         self, request: HttpRequest, object_id: str, from_field: str | None = None
     ) -> Message | None:
-        """The message, whatever its payload's nesting (``decode_on_a_fresh_stack``)."""
+        """The message, whatever its payload's nesting (``decode_on_a_fresh_stack``).
+
+        ``?_to_field=`` (empty) means the primary key: Django skips its check of
+        an empty value, then asked the model for a field named "" (a 500).
+        """
+        from_field = from_field or None
         try:
             return super().get_object(request, object_id, from_field)
         except RecursionError:

@@ -57,6 +57,12 @@ class WorkerStateAdmin(admin.ModelAdmin):  # not [WorkerState]: fails at run tim
         """Only the host filter the page offers (as on the message changelist)."""
         return lookup in offered_lookups(self, request)
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> WorkerState | None:
+        # ?_to_field= (empty): the primary key, not a field named "" (a 500).
+        return super().get_object(request, object_id, from_field or None)
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WorkerState], search_term: str
     ) -> tuple[QuerySet[WorkerState], bool]:

@@ -399,3 +399,15 @@ def test_a_change_form_post_of_an_integer_of_5000_digits_is_a_form_error(superus
     assert "not valid JSON" in str(response.context["adminform"].form.errors["payload"])
     message.refresh_from_db()
     assert message.payload == {"a": 1}
+
+
+@pytest.mark.parametrize("page", ["change", "delete", "history"])
+@pytest.mark.parametrize("to_field", ["", "id", "nope", "payload"])
+def test_an_empty_or_unknown_to_field_is_not_a_500(superuser, page, to_field):
+    message = MessageFactory()
+    worker = WorkerState.objects.create(
+        name="w", host="h", pid=1, started_at="2026-01-01T00:00Z", last_seen="2026-01-01T00:00Z"
+    )
+    for base, pk in ((CHANGELIST, message.pk), (WORKERS, worker.pk)):
+        response = superuser.get(f"{base}{pk}/{page}/?_to_field={to_field}")
+        assert response.status_code in (200, 302, 400), (base, response.status_code)
