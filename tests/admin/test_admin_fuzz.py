@@ -337,7 +337,16 @@ def make_messages() -> list[Message]:
         MessageFactory(key="held", queue="orders", group="g-1", next_attempt_time=None),
         MessageFactory(key="done", status="succeeded", next_attempt_time=None, finished_at=now),
         MessageFactory(key="gone", status="cancelled", next_attempt_time=None, finished_at=now),
+        # Nested as deep as every database stores (MariaDB refuses 32 levels).
+        MessageFactory(key="deep", payload=deep_payload(28)),
     ]
+
+
+def deep_payload(depth: int) -> object:
+    value: object = {"leaf": 1}
+    for i in range(depth):
+        value = {"k": value} if i % 2 else [value]
+    return value
 
 
 @pytest.fixture
@@ -505,6 +514,8 @@ def test_the_admin_answers_every_generated_request_without_a_500(world, data):
         response = client.post(path, body)
     after = snapshot()
     status = response.status_code
+    hypothesis.event("status", status)
+    hypothesis.event("request", f"{user} {method} {route.name}")
     assert status != 500, (user, method, path[:300], body)
     if method == "GET":
         assert before == after, ("a GET changed the tables", user, path)
