@@ -372,10 +372,10 @@ def world(admin_user) -> World:
 
 
 def snapshot() -> tuple:
-    """Every row of the queue's tables, as the database holds them."""
+    """Every row of the queue's tables, as the database holds them (the key first)."""
     tables = []
     for model in (Message, WorkerState, QueueState, FlowState, FlowStart):
-        columns = [f.attname for f in model._meta.concrete_fields]
+        columns = ["pk", *(f.attname for f in model._meta.concrete_fields)]
         tables.append(list(model.objects.order_by("pk").values_list(*columns)))
     return tuple(tables)
 
