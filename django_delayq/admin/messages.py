@@ -858,6 +858,9 @@ class MessageAdmin(admin.ModelAdmin):
         fields = tuple(super().get_readonly_fields(request, obj))
         if obj is not None and obj.status == S.RUNNING:
             fields += ("kind",)
+        if obj is not None and isinstance(obj.payload, UndecodablePayload):
+            # Out of the form altogether: a save must not write the text back as a string.
+            fields += ("payload",)
         return fields
 
     def save_model(self, request: HttpRequest, obj: Message, form: Any, change: bool) -> None:
