@@ -442,3 +442,25 @@ def test_an_empty_or_unknown_to_field_is_not_a_500(superuser, page, to_field):
     for base, pk in ((CHANGELIST, message.pk), (WORKERS, worker.pk)):
         response = superuser.get(f"{base}{pk}/{page}/?_to_field={to_field}")
         assert response.status_code in (200, 302, 400), (base, response.status_code)
+
+
+@pytest.mark.parametrize("selected", ["abc", "", "1.5", "1\x00"])
+def test_an_action_on_keys_that_are_not_keys_of_a_queue_model_is_not_a_500(superuser, selected):
+    """The same on the changelist of a project's model with ``QueueAdminMixin``."""
+    from tests.testapp.models import Shipment
+
+    shipment = Shipment.objects.create(reference="s")
+    response = superuser.post(
+        "/admin/testapp/shipment/",
+        {
+            "action": "cancel",
+            helpers.ACTION_CHECKBOX_NAME: [selected],
+            "select_across": "0",
+            "index": "0",
+            "post": "yes",
+        },
+    )
+    assert response.status_code == 302
+    assert any("is not a key of" in note for note in notes(response))
+    shipment.refresh_from_db()
+    assert shipment.status == "pending"
