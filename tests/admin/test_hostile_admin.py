@@ -239,8 +239,10 @@ def test_a_deeply_nested_payload_saves_unchanged_from_the_change_form(superuser)
 def test_a_payload_too_deep_to_decode_at_all_is_shown_as_its_text(superuser):
     """Deeper than any stack decodes (3,000 levels, written by other code than
     enqueue): the pages show its JSON text, read-only, instead of a 500."""
-    if connection.vendor == "mysql":
-        pytest.skip("MariaDB's JSON check refuses documents nested 32 levels deep")
+    if connection.vendor != "postgresql":
+        # SQLite's JSON_VALID refuses 1,000 levels, MariaDB's JSON check 32:
+        # what they store, a fresh stack decodes.
+        pytest.skip("only PostgreSQL stores a payload nested 3,000 levels deep")
     message = MessageFactory(status="failed", next_attempt_time=None)
     text = "[" * 3000 + "]" * 3000
     table = Message._meta.db_table
