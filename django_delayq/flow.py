@@ -141,4 +141,6 @@ def continuing_queues() -> list[str]:
     from django_delayq.conf import get_config
 
     queues = get_config()["QUEUES"]
-    return sorted(q for q in queues if not failure_blocks(q))
+    # A key that is not a queue name (E006) names no queue: left out, not sorted
+    # beside the names (a TypeError on every page that asked).
+    return sorted(q for q in queues if isinstance(q, str) and not failure_blocks(q))

@@ -112,7 +112,8 @@ class QueueFlow:
 
 def known_queues(using: str | None = None) -> list[str]:
     """Queues with a handler, with settings, or with messages (a loose index scan)."""
-    names = set(registry.queues()) | set(get_config()["QUEUES"])
+    # Keys of DELAYQ["QUEUES"] that are not queue names (E006) name no queue.
+    names = set(registry.queues()) | {q for q in get_config()["QUEUES"] if isinstance(q, str)}
     names |= set(distinct_values("queue", using=using))
     return sorted(names)
 

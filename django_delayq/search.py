@@ -12,6 +12,11 @@ Search syntax (terms are separated by spaces and combined with AND):
     path is a list index: ``items.0.sku=A1``. Path segments may hold letters,
     digits, ``_`` and ``-`` (not ``__``); a term with another character is
     ignored and reported.
+Limits: at most ``MAX_TERMS`` terms, ``MAX_SEARCH_LENGTH`` characters and
+``MAX_PATH_DEPTH`` levels in a path, and a list index of at most
+``MAX_INDEX_DIGITS`` digits. A search over a limit matches nothing and says
+so (``ParsedSearch.refused``): matching more than was asked, under a bulk
+action's "select all", would act on messages the operator did not mean.
 ``value`` forms
     unquoted numbers, ``true``, ``false`` and ``null`` match that JSON value
     *and* its string form (``companyId=3345`` finds ``3345`` and ``"3345"``);
@@ -54,6 +59,18 @@ _LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
 _INT_LIMIT = 2**63 - 1
 _PK_LIMIT = 2**63 - 1
 
+#: The longest search string, in characters.
+MAX_SEARCH_LENGTH = 1_000
+#: The most terms (words and ``path=value``) in one search: each is a condition
+#: of the WHERE clause, and SQLite refuses an expression tree deeper than 1,000.
+MAX_TERMS = 20
+#: The deepest payload path (``a.b.c`` is 3): each level is one nested JSON
+#: operator in the SQL, compiled recursively.
+MAX_PATH_DEPTH = 32
+#: A list index in a path: at most this many digits (PostgreSQL's ``->`` takes
+#: a 32-bit integer).
+MAX_INDEX_DIGITS = 9
+
 _TOKEN = re.compile(
     r"""
       (?P<path>[^\s="']+)=(?:"(?P<dq>[^"]*)"?|'(?P<sq>[^']*)'?|(?P<bare>[^\s"']*))
@@ -78,6 +95,8 @@ class ParsedSearch:
     fields: list[FieldTerm] = field(default_factory=list)
     words: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: Why the whole search was refused (over a limit): it then matches nothing.
+    refused: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.fields or self.words)
@@ -96,24 +115,68 @@ def parse_value(raw: str) -> tuple[Any, ...]:
     return (raw,)
 
 
+def _is_index(segment: str) -> bool:
+    """What Django's JSON path takes for a list index: whatever ``int()`` reads."""
+    try:
+        int(segment)
+    except ValueError:
+        return False
+    return True
+
+
+def _segment_ok(segment: str) -> bool:
+    if not _SEGMENT.fullmatch(segment) or "__" in segment:
+        return False
+    if _is_index(segment):
+        # Plain digits only: Django reads "-1" as the index -1 (an error on
+        # SQLite and MariaDB, the last item on PostgreSQL) and "1_0" as 10.
+        return segment.isdigit() and len(segment) <= MAX_INDEX_DIGITS
+    return True
+
+
 def parse_path(raw: str) -> tuple[str, ...] | None:
     segments = tuple(raw.split("."))
-    if all(_SEGMENT.fullmatch(s) and "__" not in s for s in segments):
+    if all(_segment_ok(s) for s in segments):
         return segments
     return None
 
 
+def size_refusal(text: str, terms: int) -> str:
+    """Why a search of ``terms`` terms is over a limit ("" when it is not)."""
+    if len(text) > MAX_SEARCH_LENGTH:
+        return (
+            f"the search is {len(text):,} characters long; "
+            f"at most {MAX_SEARCH_LENGTH:,} characters are searched"
+        )
+    if terms > MAX_TERMS:
+        return (
+            f"the search has more than {MAX_TERMS} terms; "
+            f"at most {MAX_TERMS} terms are searched at once"
+        )
+    return ""
+
+
 def parse(text: str) -> ParsedSearch:
     """Split a search string into payload terms and words (see the module docstring)."""
+    text = text or ""
+    if refused := size_refusal(text, 0):
+        return ParsedSearch(refused=refused)
     result = ParsedSearch()
-    for match in _TOKEN.finditer(text or ""):
+    for match in _TOKEN.finditer(text):
         groups = match.groupdict()
         if groups["path"] is not None:
+            depth = groups["path"].count(".") + 1
+            if depth > MAX_PATH_DEPTH:
+                return ParsedSearch(
+                    refused=f"a payload path is {depth} levels deep; "
+                    f"paths of at most {MAX_PATH_DEPTH} levels are searched"
+                )
             path = parse_path(groups["path"])
             if path is None:
                 result.errors.append(
-                    f"ignored {match.group(0)!r}: a payload path is made of names of letters, "
-                    "digits, _ and - separated by dots"
+                    f"ignored {_shown(match.group(0))}: a payload path is made of names of "
+                    "letters, digits, _ and - (a name of digits only is a list index, of at "
+                    f"most {MAX_INDEX_DIGITS} digits) separated by dots"
                 )
                 continue
             if groups["dq"] is not None:
@@ -129,7 +192,15 @@ def parse(text: str) -> ParsedSearch:
             )
             if word.strip():
                 result.words.append(word)
+        terms = len(result.fields) + len(result.words) + len(result.errors)
+        if refused := size_refusal(text, terms):
+            return ParsedSearch(refused=refused)
     return result
+
+
+def _shown(term: str) -> str:
+    """A term quoted for a message, cut short if long."""
+    return repr(term if len(term) <= 60 else term[:59] + "…")
 
 
 def _nest(path: tuple[str, ...], value: Any) -> Any:
@@ -226,6 +297,8 @@ def apply(queryset: QuerySet[Message], search: ParsedSearch | str) -> QuerySet[M
     """``queryset`` narrowed by every term of ``search``."""
     if isinstance(search, str):
         search = parse(search)
+    if search.refused:
+        return queryset.none()
     if not search:
         return queryset
     conditions = []

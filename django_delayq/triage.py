@@ -186,6 +186,8 @@ def parse_payload(text: str) -> Any:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PayloadError(f"not valid JSON: {exc}") from exc
+    except RecursionError:  # the decoder's own limit (100,000 brackets)
+        raise PayloadError("not valid JSON: nested too deeply") from None
     try:
         check_payload(payload)
     except (TypeError, ValueError) as exc:

@@ -28,7 +28,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 
 from django_delayq.admin import actions
 from django_delayq.admin.messages import OverdueFilter, RetryingFilter
@@ -85,6 +88,25 @@ class QueueAdminMixin:
     def get_list_filter(self, request: HttpRequest) -> Sequence[Any]:
         filters = list(super().get_list_filter(request))  # type: ignore[misc]
         return [*filters, *(f for f in self.queue_list_filter if f not in filters)]
+
+    def response_action(
+        self, request: HttpRequest, queryset: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Refuse a selection holding something that is not one of the model's keys,
+        with a message (Django's ``pk__in`` raised ValidationError: a 500)."""
+        pk = self.model._meta.pk  # type: ignore[attr-defined]
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            try:
+                pk.to_python(value)
+            except (ValidationError, ValueError):
+                self.message_user(  # type: ignore[attr-defined]
+                    request,
+                    _("Nothing was changed: %(value)s is not a key of %(model)s.")
+                    % {"value": repr(value[:40]), "model": self.model._meta.verbose_name},  # type: ignore[attr-defined]
+                    level="ERROR",
+                )
+                return None
+        return super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
         fields = list(super().get_readonly_fields(request, obj))  # type: ignore[misc]

@@ -11,6 +11,8 @@ operator makes goes through ``django_delayq.operations`` (see ``actions.py``).
 from __future__ import annotations
 
 import json
+import re
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -18,12 +20,14 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
 from django.forms.fields import InvalidJSONInput
 from django.http import (
     Http404,
@@ -220,7 +224,53 @@ class MessagePaginator(Paginator):
 LIST_DEFERRED = ("payload", "last_traceback")
 
 
-class MessageChangeList(ChangeList):
+def refuse_nul(request: HttpRequest) -> None:
+    """PostgreSQL cannot take NUL in text, not even as a parameter to compare
+    with: a filter or search holding one is refused like any bad lookup
+    (Django redirects to the list with ?e=1)."""
+    if any("\x00" in value for _, values in request.GET.lists() for value in values):
+        raise IncorrectLookupParameters("a parameter contains NUL (\\x00)")
+
+
+def offered_lookups(model_admin: admin.ModelAdmin, request: HttpRequest | None) -> set[str]:
+    """The query parameters of the changelist's own filters and date hierarchy."""
+    names: set[str] = set()
+    list_filter = (
+        model_admin.get_list_filter(request) if request is not None else model_admin.list_filter
+    )
+    for item in list_filter:
+        if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+            names.add(str(item.parameter_name))
+        else:
+            field = item[0] if isinstance(item, (list, tuple)) else item
+            names |= {f"{field}__exact", f"{field}__isnull"}
+    if model_admin.date_hierarchy:
+        names |= {f"{model_admin.date_hierarchy}__{part}" for part in ("year", "month", "day")}
+    return names
+
+
+class SafeChangeList(ChangeList):
+    """A changelist whose bad parameters are Django's "incorrect lookup" (?e=1), not a 500."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_filters(request)
+        except OverflowError as exc:
+            # The date hierarchy: ?created_at__year=9999 asks for the year after 9999.
+            raise IncorrectLookupParameters(exc) from exc
+        except ValueError as exc:  # the same, from datetime.replace()
+            raise IncorrectLookupParameters(exc) from exc
+
+    def get_results(self, request: HttpRequest) -> None:
+        # A value Django accepted when building the query but that cannot be
+        # sent (a time that is out of range once converted to UTC).
+        try:
+            super().get_results(request)
+        except (OverflowError, ValueError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
+class MessageChangeList(SafeChangeList):
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         queryset = super().get_queryset(request, exclude_parameters)
         return queryset.defer(*LIST_DEFERRED)
@@ -383,7 +433,134 @@ class GroupStateFilter(admin.SimpleListFilter):
         return queryset
 
 
+#: Changelist parameters beside the filters' own: the dashboard's, the failures
+#: page's and the schedules page's links use them.
+LINKED_LOOKUPS = frozenset(
+    {
+        "status__in",
+        "attempt_count",
+        "attempt_count__gt",
+        "next_attempt_time__lte",
+        "next_attempt_time__gt",
+        "finished_at__gte",
+        "error_fingerprint",
+        "key__startswith",
+    }
+)
+
+_ID = re.compile(r"[0-9]{1,19}")
+
+
+def is_message_id(value: str) -> bool:
+    """A whole number a message's id can be (ASCII digits, within 64 bits)."""
+    return bool(_ID.fullmatch(value)) and 0 < int(value) <= 2**63 - 1
+
+
 # -- the change form -------------------------------------------------------------------
+
+
+#: Levels of a payload indented on the pages; deeper levels are written on one line.
+PRETTY_DEPTH = 32
+
+
+def _scalar(value: Any, encoder: type[json.JSONEncoder] | None) -> str:
+    text = json.dumps(value, ensure_ascii=False, cls=encoder)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: escaped, or the page could not be sent
+        text = json.dumps(value, cls=encoder)
+    return text
+
+
+def pretty_json(
+    value: Any, *, depth: int = PRETTY_DEPTH, encoder: type[json.JSONEncoder] | None = None
+) -> str:
+    """``json.dumps(value, indent=2, ensure_ascii=False)``, without recursion.
+
+    ``json.dumps`` with an indent is written in Python and recursive: a payload
+    nested about 330 levels deep (well within what ``enqueue`` and the C encoder
+    accept) raised ``RecursionError`` and the message's pages answered 500. This
+    walks the value with a stack of its own, indents the first ``depth`` levels
+    and writes deeper ones on one line, so the page stays readable and its
+    width bounded whatever the nesting. The text reads back as the same value.
+    """
+    out: list[str] = []
+    stack: list[Any] = [(value, 0)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        current, level = item
+        if isinstance(current, dict):
+            pairs: list[tuple[Any, Any]] = list(current.items())
+            opening, closing = "{", "}"
+        elif isinstance(current, (list, tuple)):
+            pairs = [(None, v) for v in current]
+            opening, closing = "[", "]"
+        else:
+            out.append(_scalar(current, encoder))
+            continue
+        if not pairs:
+            out.append(opening + closing)
+            continue
+        if level < depth:
+            inner = "\n" + "  " * (level + 1)
+            parts: list[Any] = [opening + inner]
+            separator, end = "," + inner, "\n" + "  " * level + closing
+        else:
+            parts, separator, end = [opening], ", ", closing
+        for i, (key, child) in enumerate(pairs):
+            if i:
+                parts.append(separator)
+            if opening == "{":
+                name = key if isinstance(key, str) else json.dumps(key)
+                parts.append(_scalar(name, None) + ": ")
+            parts.append((child, level + 1))
+        parts.append(end)
+        stack.extend(reversed(parts))
+    return "".join(out)
+
+
+TOO_DEEP = gettext_lazy("not valid JSON: nested too deeply")
+
+
+class UndecodablePayload(str):
+    """A payload's JSON text that even a fresh stack could not decode: shown as
+    text, read-only."""
+
+
+def decode_on_a_fresh_stack(text: str) -> Any:
+    """``json.loads(text)`` in a new thread.
+
+    The C decoder counts the calls already on the stack against the recursion
+    limit: a payload that ``enqueue`` encoded from a shallow stack (980 levels)
+    could not be decoded under an admin page's 150 or so frames. A new thread
+    starts with an empty stack.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = json.loads(text)
+        except RecursionError:
+            outcome["value"] = UndecodablePayload(text)
+
+    thread = threading.Thread(target=run, name="delayq-admin-json", daemon=True)
+    thread.start()
+    thread.join()
+    return outcome["value"]
+
+
+def load_deep_payload(message: Message) -> Any:
+    """The payload of a message whose row could not be read with it (RecursionError)."""
+    text = (
+        Message.objects.using(message._state.db)
+        .filter(pk=message.pk)
+        .values_list(Cast("payload", TextField()), flat=True)
+        .get()
+    )
+    return decode_on_a_fresh_stack(text)
 
 
 class PrettyJSONField(forms.JSONField):
@@ -393,16 +570,25 @@ class PrettyJSONField(forms.JSONField):
         if isinstance(value, InvalidJSONInput):
             return value
         # A lone surrogate (refused on save) is shown escaped: a page cannot hold one.
-        return escape_surrogates(json.dumps(value, indent=2, ensure_ascii=False, cls=self.encoder))
+        return escape_surrogates(pretty_json(value, encoder=self.encoder))
 
     def to_python(self, value: Any) -> Any:
-        # The depth is checked before the parser recurses into the text.
+        # The depth is checked before the parser recurses into the text;
+        # json.loads still raises ValueError on an integer of over 4,300
+        # digits, and Django only expects JSONDecodeError.
         if isinstance(value, str):
             try:
                 check_text_depth(value)
             except ValueError as exc:
                 raise forms.ValidationError(str(exc)) from None
-        return super().to_python(value)
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(TOO_DEEP, code="invalid") from None
+        except ValueError as exc:
+            raise forms.ValidationError(
+                _("not valid JSON: %s") % exc, code="invalid", params={"value": value}
+            ) from None
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         if isinstance(data, str):
@@ -410,7 +596,16 @@ class PrettyJSONField(forms.JSONField):
                 check_text_depth(data)
             except ValueError:
                 return InvalidJSONInput(data)  # shown again as it was sent
-        return super().bound_data(data, initial)
+        try:
+            return super().bound_data(data, initial)
+        except (RecursionError, ValueError):
+            return InvalidJSONInput(data)
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        try:
+            return super().has_changed(initial, data)
+        except RecursionError:  # json.dumps of the initial value, under a deep stack
+            return True
 
 
 # Why a running message's kind is not changed (the change form's messages).
@@ -595,8 +790,15 @@ class MessageAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("payload"))
     def payload_display(self, obj: Message) -> SafeString:
-        text = escape_surrogates(json.dumps(obj.payload, indent=2, ensure_ascii=False))
-        return format_html('<pre class="dq-pre">{}</pre>', text)
+        if isinstance(obj.payload, UndecodablePayload):
+            return format_html(
+                '<p>{}</p><pre class="dq-pre">{}</pre>',
+                _("Nested too deeply to decode here; its JSON text:"),
+                escape_surrogates(str(obj.payload)),
+            )
+        return format_html(
+            '<pre class="dq-pre">{}</pre>', escape_surrogates(pretty_json(obj.payload))
+        )
 
     @admin.display(description=gettext_lazy("first scheduled"))
     def first_scheduled(self, obj: Message) -> str:
@@ -649,7 +851,8 @@ class MessageAdmin(admin.ModelAdmin):
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
-        if self.has_change_permission(request, obj):
+        undecodable = obj is not None and isinstance(obj.payload, UndecodablePayload)
+        if self.has_change_permission(request, obj) and not undecodable:
             return fieldsets
         # Read-only: the pretty <pre> instead of Django's one-line JSON.
         return [
@@ -669,6 +872,9 @@ class MessageAdmin(admin.ModelAdmin):
         fields = tuple(super().get_readonly_fields(request, obj))
         if obj is not None and obj.status == S.RUNNING:
             fields += ("kind",)
+        if obj is not None and isinstance(obj.payload, UndecodablePayload):
+            # Out of the form altogether: a save must not write the text back as a string.
+            fields += ("payload",)
         return fields
 
     def save_model(self, request: HttpRequest, obj: Message, form: Any, change: bool) -> None:
@@ -694,6 +900,36 @@ class MessageAdmin(admin.ModelAdmin):
             # Back to the page, which shows the message as it is now (running).
             return HttpResponseRedirect(request.path)
         return super().response_change(request, obj)
+
+    # -- loading ----------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Message]:
+        queryset = super().get_queryset(request)
+        if getattr(request, "_delayq_defer_payload", False):
+            queryset = queryset.defer("payload")
+        return queryset
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Message | None:
+        """The message, whatever its payload's nesting (``decode_on_a_fresh_stack``).
+
+        ``?_to_field=`` (empty) means the primary key: Django skips its check of
+        an empty value, then asked the model for a field named "" (a 500).
+        """
+        from_field = from_field or None
+        try:
+            return super().get_object(request, object_id, from_field)
+        except RecursionError:
+            pass
+        request._delayq_defer_payload = True  # type: ignore[attr-defined]
+        try:
+            obj = super().get_object(request, object_id, from_field)
+        finally:
+            request._delayq_defer_payload = False  # type: ignore[attr-defined]
+        if obj is not None:
+            obj.payload = load_deep_payload(obj)
+        return obj
 
     # -- permissions ----------------------------------------------------------------
 
@@ -726,22 +962,57 @@ class MessageAdmin(admin.ModelAdmin):
         return columns
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        # PostgreSQL cannot take NUL in text, not even as a parameter to compare
-        # with: a filter or search holding one is refused like any bad lookup
-        # (Django redirects to the list with ?e=1).
-        if any("\x00" in value for _, values in request.GET.lists() for value in values):
-            raise IncorrectLookupParameters("a parameter contains NUL (\\x00)")
+        refuse_nul(request)
         return super().get_changelist_instance(request)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Only the filters the page offers and those its own links use.
+
+        Django allows any lookup on the model's own columns: ``?key__regex=(``
+        (an error on SQLite), ``?payload__contains=1`` or a lookup on the
+        traceback were 500s or full scans. Another parameter is refused
+        (400, "Filtering by ... not allowed").
+        """
+        return lookup in offered_lookups(self, request) or lookup in LINKED_LOOKUPS
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Message], search_term: str
     ) -> tuple[QuerySet[Message], bool]:
         parsed = search.parse(search_term)
-        if parsed.errors and not getattr(request, "_delayq_search_warned", False):
+        if (parsed.errors or parsed.refused) and not getattr(
+            request, "_delayq_search_warned", False
+        ):
             request._delayq_search_warned = True  # type: ignore[attr-defined]
+            if parsed.refused:
+                self.message_user(
+                    request,
+                    _("Search: nothing is shown: %s.") % parsed.refused,
+                    level="ERROR",
+                )
             for error in parsed.errors:
                 self.message_user(request, _("Search: %s") % error, level="WARNING")
         return search.apply(queryset, parsed), False
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """Refuse a selection holding something that is not a message id, with a message
+        (Django's ``pk__in`` raised ValueError: a 500)."""
+        bad = [
+            value
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            if not is_message_id(value)
+        ]
+        if bad:
+            self.message_user(
+                request,
+                _("Nothing was changed: %(value)s is not a message id.")
+                % {"value": repr(bad[0][:40])},
+                level="ERROR",
+            )
+            return None
+        # Django 6.1 passes where the action bar is (action_location).
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         # Django 6.1 passes where the actions are shown (action_location);

@@ -13,7 +13,6 @@ through the ``EXTRA_URLS`` hook when ``django_delayq.admin`` imports this module
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -29,7 +28,12 @@ from django.utils.translation import gettext_noop
 
 from django_delayq import operations, triage
 from django_delayq.admin.dashboard import admin_url, changelist_url
-from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
+from django_delayq.admin.messages import (
+    EXTRA_URLS,
+    OBJECT_TOOLS,
+    UndecodablePayload,
+    pretty_json,
+)
 from django_delayq.fingerprint import normalise
 from django_delayq.models import QUEUE_MAX_LENGTH, Message
 from django_delayq.values import escape_surrogates
@@ -203,7 +207,10 @@ def edit_payload_view(
         raise PermissionDenied
     change_url = admin_url(model_admin, "change", message.pk)
     error = ""
-    text = escape_surrogates(json.dumps(message.payload, indent=2, ensure_ascii=False))
+    text = pretty_json(message.payload)
+    if isinstance(message.payload, UndecodablePayload):
+        text = str(message.payload)
+    text = escape_surrogates(text)
     if request.method == "POST":
         text = request.POST.get("payload", "")
         try:

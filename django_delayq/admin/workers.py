@@ -12,13 +12,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
+from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
 
-from django_delayq import clock, liveness
+from django_delayq import clock, liveness, search
+from django_delayq.admin.messages import SafeChangeList, offered_lookups, refuse_nul
 from django_delayq.models import Message, WorkerState
 
 
@@ -42,6 +45,36 @@ class WorkerStateAdmin(admin.ModelAdmin):  # not [WorkerState]: fails at run tim
             .get_queryset(request)
             .annotate(db_now=clock.sql_now(), held_count=Coalesce(Subquery(held), 0))
         )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return SafeChangeList
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        refuse_nul(request)  # ?host=%00: a DataError on PostgreSQL
+        return super().get_changelist_instance(request)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Only the host filter the page offers (as on the message changelist)."""
+        return lookup in offered_lookups(self, request)
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> WorkerState | None:
+        # ?_to_field= (empty): the primary key, not a field named "" (a 500).
+        return super().get_object(request, object_id, from_field or None)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[WorkerState], search_term: str
+    ) -> tuple[QuerySet[WorkerState], bool]:
+        """Django's search, within the message search's limits: each word is a
+        condition (SQLite refuses an expression tree deeper than 1,000)."""
+        refused = search.size_refusal(search_term, len(list(smart_split(search_term))))
+        if not refused:
+            return super().get_search_results(request, queryset, search_term)
+        if not getattr(request, "_delayq_search_warned", False):
+            request._delayq_search_warned = True  # type: ignore[attr-defined]
+            self.message_user(request, _("Search: nothing is shown: %s.") % refused, "ERROR")
+        return queryset.none(), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
