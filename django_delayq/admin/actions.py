@@ -129,7 +129,11 @@ class RescheduleForm(OperationForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if (data.get("run_at") is None) == (data.get("delay") is None):
+        if "run_at" in self.errors or "delay" in self.errors:
+            return data  # a field's own error says what is wrong with it
+        if data.get("run_at") is None and data.get("delay") is None:
+            raise forms.ValidationError(_("Give a time to run at or a delay."))
+        if data.get("run_at") is not None and data.get("delay") is not None:
             raise forms.ValidationError(_("Give either a time to run at or a delay, not both."))
         return data
 
