@@ -56,6 +56,7 @@ from tests.chaos.common import (
     Event,
     cut_connections,
     kill,
+    kill_leftovers,
     now,
     prepare_database,
     released,
@@ -996,10 +997,7 @@ def run_adversaries(config: Config, env: dict[str, str], workdir: Path | None = 
     try:
         elapsed = run.execute()
     finally:
-        for consumer in run.consumers + run.retired:
-            if consumer.proc.poll() is None:
-                consumer.proc.kill()
-                consumer.proc.wait(timeout=60)
+        kill_leftovers(run.consumers + run.retired)
     table = check(run, elapsed)
     table.figures.append(("logs", str(workdir)))
     return table

@@ -72,6 +72,15 @@ def kill(consumer: Consumer) -> Event:
     return Event(now(), "kill", consumer.proc.pid)
 
 
+def kill_leftovers(consumers: list[Consumer]) -> None:
+    """SIGKILL the workers a run left running (it failed or timed out): none may
+    outlive the run and consume the next one's messages."""
+    for consumer in consumers:
+        if consumer.proc.poll() is None:
+            consumer.proc.kill()
+            consumer.proc.wait(timeout=60)
+
+
 def cut_connections() -> Event:
     """End every connection to this run's database but our own (PostgreSQL:
     ``pg_terminate_backend``; MariaDB/MySQL: ``KILL``); the event's detail is how many."""

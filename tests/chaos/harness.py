@@ -36,6 +36,7 @@ from tests.chaos.common import (
     Event,
     cut_connections,
     kill,
+    kill_leftovers,
     now,
     prepare_database,
     released,
@@ -555,10 +556,7 @@ def run_chaos(config: Config, env: dict[str, str], workdir: Path | None = None) 
     try:
         elapsed = run.execute()
     finally:
-        for consumer in run.consumers + run.retired:
-            if consumer.proc.poll() is None:
-                consumer.proc.kill()
-                consumer.proc.wait(timeout=60)
+        kill_leftovers(run.consumers + run.retired)
     figures = check(run, elapsed)
     figures.add("worker logs", str(workdir))
     return figures
