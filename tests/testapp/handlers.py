@@ -86,20 +86,7 @@ def atomic_txid_handler(message):
         txid = cursor.fetchone()[0]
     Effect.objects.create(message_id=message.pk, value=str(txid))
     if message.payload.get("steal"):
-        # Another worker claims it meanwhile (as after an expired lease): a
-        # new lock token, written and committed on a connection of its own.
-        import psycopg
-
-        params = {
-            k: v
-            for k, v in connection.get_connection_params().items()
-            if k not in ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
-        }
-        with psycopg.connect(**params, autocommit=True) as other:
-            other.execute(
-                "UPDATE django_delayq_message SET lock_token = gen_random_uuid() WHERE id = %s",
-                [message.pk],
-            )
+        _steal(message)
     if message.payload.get("deferred") is not None:
         with connection.cursor() as cursor:
             # A deferred unique constraint: a clash fails the commit, not the insert.
