@@ -29,7 +29,7 @@ from django_delayq.flow import Scope, continuing_queues, limits_of
 from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.routers import queue_alias
-from django_delayq.store.limits import starts_in_window
+from django_delayq.store.limits import kept_running, starts_in_window
 from django_delayq.store.queries import distinct_values
 
 #: How many blocked groups are named per queue (the longest blocked first).
@@ -166,13 +166,12 @@ def _by_queue(rows: QuerySet[Message]) -> dict[str, int]:
 
 
 def _live_leases(alias: str, queues: list[str]) -> dict[tuple[str, str], int]:
-    """Live leases per (queue, kind) of ``queues`` (``delayq_due_idx``: rows due later)."""
+    """Running messages per (queue, kind) of ``queues`` as their caps count them
+    (``limits.kept_running``: a live worker's lapsed lease too)."""
     if not queues:
         return {}
     rows = (
-        Message.objects.using(alias)
-        .in_queues(queues)
-        .held()
+        kept_running(Message.objects.using(alias).in_queues(queues))
         .values("queue", "kind")
         .order_by()
         .annotate(n=Count("status"))

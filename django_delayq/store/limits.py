@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections, transaction
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Value
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, QuerySet, Value
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
@@ -205,6 +205,23 @@ def _prune(alias: str, flow: int, rate: Rate) -> None:
     FlowStart.objects.using(alias).filter(flow_id=flow, started_at__lt=cutoff).delete()
 
 
+def kept_running(rows: QuerySet[Message]) -> QuerySet[Message]:
+    """The running ``rows`` that no claim may take back: what a cap counts.
+
+    Those under a live lease, and those whose lease lapsed while their worker
+    lives (the claim's own rule, ``queries.claimable_condition``). The cap
+    (:func:`_running`) and what reports it (``flowstats``) count the same.
+    """
+    connection = connections[rows.db]
+    taken_back = claimable_condition(
+        clock.sql_now(),
+        to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
+        function=features(connection).group_function,
+        pids=connection.vendor == "sqlite",
+    )
+    return rows.filter(status=Status.RUNNING).exclude(taken_back)
+
+
 def _running(alias: str, scope: Scope) -> int:
     """The scope's running messages that no claim may take back.
 
@@ -214,18 +231,7 @@ def _running(alias: str, scope: Scope) -> int:
     a long transaction held the database's) leaves its worker running the
     message, and a cap that freed its place would start another beside it.
     """
-    connection = connections[alias]
-    taken_back = claimable_condition(
-        clock.sql_now(),
-        to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
-        function=features(connection).group_function,
-        pids=connection.vendor == "sqlite",
-    )
-    rows = (
-        Message.objects.using(alias)
-        .filter(queue=scope.queue, status=Status.RUNNING)
-        .exclude(taken_back)
-    )
+    rows = kept_running(Message.objects.using(alias).filter(queue=scope.queue))
     if scope.kind:
         rows = rows.filter(kind=scope.kind)
     return rows.count()

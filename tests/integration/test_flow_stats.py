@@ -63,7 +63,7 @@ def test_a_full_window_with_nothing_due_is_not_throttled(settings):
     assert scope.window_full and not scope.throttled
 
 
-def test_a_reached_cap_counts_live_leases_only(settings, fake_clock: FakeClock):
+def test_a_reached_cap_counts_its_running_messages(settings, fake_clock: FakeClock):
     limit(settings, GLOBAL_CONCURRENCY=2)
     enqueue_many("default", [{}] * 4)
     got = claim()
@@ -79,6 +79,32 @@ def test_a_reached_cap_counts_live_leases_only(settings, fake_clock: FakeClock):
     fake_clock.advance(LEASE.total_seconds() + 1)
     (scope,) = flow_of().scopes
     assert scope.running == 0
+
+
+def test_a_cap_reports_what_the_claim_counts_a_live_workers_lapsed_lease_too(
+    settings, fake_clock: FakeClock
+):
+    """The figures say what the cap does (``limits.kept_running``): a lease that
+    lapsed under a live worker still holds its place until the worker is gone."""
+    from django.utils import timezone
+
+    from django_delayq.models import WorkerState
+
+    now = timezone.now()
+    WorkerState.objects.create(
+        name="w", host="h", pid=1, started_at=now, last_seen=now,
+        alive_until=now + timedelta(days=1),
+    )  # fmt: skip
+    limit(settings, GLOBAL_CONCURRENCY=1)
+    enqueue_many("default", [{}] * 2)
+    assert len(claim().claim.messages) == 1
+    fake_clock.advance(LEASE.total_seconds() + 1)
+    (scope,) = flow_of().scopes
+    assert (scope.running, scope.at_cap, scope.throttled) == (1, True, True)
+    assert claim().claim.messages == []
+    WorkerState.objects.filter(name="w").update(stopped_at=now)
+    (scope,) = flow_of().scopes
+    assert (scope.running, scope.at_cap) == (0, False)
 
 
 def test_a_kind_and_its_queue_are_reported_apart():

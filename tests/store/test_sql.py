@@ -56,6 +56,8 @@ USES: dict[str, Use] = {
     "claim": use(
         lambda f: f.limit_in_subquery, "set", "picked", "columns", "pk", "lock_token", "table"
     ),
+    "claim_lanes": use(always, "lanes", "pk", "order", "limit"),
+    "claim_lane": use(always, "picked", "number"),
     "held_rows": use(always, "ids", "pk", "lock_token", "status", "table"),
     "held_rows_unlocked": use(
         lambda f: f.skip_locked_subquery, "ids", "pk", "lock_token", "status", "table"

@@ -12,6 +12,17 @@
 -- {picked} the ORM's pick of the first due rows.
 {set}, {lock_token} = %s WHERE {pk} IN ({picked}) RETURNING {columns}
 
+-- name: claim_lanes
+-- The pick over several queues (changes._pick): {lanes} are each queue's own
+-- pick of its first due rows, locked, joined by UNION ALL; the first {limit}
+-- of them in claim order ({order}) are claimed.
+SELECT {pk} FROM ({lanes}) AS delayq_lanes ORDER BY {order} LIMIT {limit}
+
+-- name: claim_lane
+-- One queue's pick, a derived table (a locking SELECT cannot be a member of a
+-- UNION itself, and SQLite takes no parentheses around one).
+SELECT * FROM ({picked}) AS delayq_lane{number}
+
 -- name: next_due
 -- The earliest due time of the active rows (of some queues: {queues} is empty
 -- or an IN condition), the idle worker's wake-up. NULL due times are left
