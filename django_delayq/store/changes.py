@@ -234,7 +234,7 @@ def claim(
     return Claim(token, messages)
 
 
-def _pick(key: _ClaimKey) -> tuple[str, list[Any]]:
+def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
     """The locking pick of the first ``limit`` due rows (their keys), compiled.
 
     Over several queues, each queue's first rows are picked from its own
@@ -250,14 +250,15 @@ def _pick(key: _ClaimKey) -> tuple[str, list[Any]]:
     connection = connections[key.alias]
     if key.queues is None or len(key.queues) < 2:
         picked = _picked(key).select_for_update(skip_locked=True)
-        sql, params = picked.query.get_compiler(key.alias).as_sql()
-        return sql, list(params)
+        one_sql, one_params = picked.query.get_compiler(key.alias).as_sql()
+        return one_sql, tuple(one_params)
     # The lanes' columns under names of their own: a name of the table's
     # ("id") would also resolve to the UPDATE's row where a lane lacked it.
     order = claim_order(key.model)
     columns = {"delayq_pk": F("pk")}
     columns.update((f"delayq_by{n}", F(name.lstrip("-"))) for n, name in enumerate(order))
-    lanes, params = [], []
+    lanes: list[str] = []
+    params: list[Any] = []
     for number, queue in enumerate(key.queues):
         lane = replace(key, queues=(queue,))
         picked = _picked(lane, columns).select_for_update(skip_locked=True)
@@ -275,7 +276,7 @@ def _pick(key: _ClaimKey) -> tuple[str, list[Any]]:
         ),
         limit=int(key.limit),
     )
-    return sql, params
+    return sql, tuple(params)
 
 
 def _picked(key: _ClaimKey, columns: Mapping[str, F] | None = None) -> QuerySet[Any]:
