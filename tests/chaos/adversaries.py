@@ -219,8 +219,10 @@ def _retrying(what: str, call: Any) -> Any:
     raise SystemExit(f"{what}: the database never came back")
 
 
-def _poll(predicate: Any, what: str, timeout: float = 300.0) -> None:
-    """Poll ``predicate`` until it is true, or fail the process after ``timeout``."""
+def _poll(predicate: Any, what: str, timeout: float) -> None:
+    """Poll ``predicate`` until it is true, or fail the process after ``timeout``
+    (the run's: a message of this process waits its turn behind the whole
+    backlog, 100,000 ordered groups due at once at full size)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -401,7 +403,7 @@ def hold(config: Config) -> None:
                 outcome[:] = [_retrying("a lock holder", once)]
                 return bool(outcome[0])
 
-            _poll(caught, f"{key} to run")
+            _poll(caught, f"{key} to run", config.timeout)
             if outcome[0] == "held":
                 break
         else:
@@ -428,7 +430,9 @@ def operate(config: Config, offset: float) -> None:
 
     def act(action: str, key: str, apply: Any, due: datetime | None = None) -> None:
         rows = Message.objects.filter(queue="adv-op", key=key)
-        _poll(lambda: _retrying("an operator", rows.exists), f"{key} to be enqueued")
+        _poll(
+            lambda: _retrying("an operator", rows.exists), f"{key} to be enqueued", config.timeout
+        )
 
         def once() -> None:
             message_id = rows.values_list("pk", flat=True).get()
@@ -463,7 +467,9 @@ def operate(config: Config, offset: float) -> None:
         )
         act("reprioritise", f"op-reprioritise{tag}-{i}", lambda r: operations.reprioritise(r, 5))
         act("run_now", f"op-reprioritise{tag}-{i}", operations.run_now)
-        _poll(lambda i=i: failed(f"op-retry{tag}-{i}"), f"op-retry{tag}-{i} to fail")
+        _poll(
+            lambda i=i: failed(f"op-retry{tag}-{i}"), f"op-retry{tag}-{i} to fail", config.timeout
+        )
         act("retry", f"op-retry{tag}-{i}", operations.retry_failed)
     print(f"operator {tag}: {config.operations * 5} actions", flush=True)
 
