@@ -115,7 +115,7 @@ class Config:
     heartbeat: float = 0.5
     dead_after: float = 3.0
     seed: int = 11
-    timeout: float = 1_500.0
+    timeout: float = 2_400.0  # the full size drains in about 20 minutes on 2 cores
 
     @classmethod
     def short(cls) -> Config:
