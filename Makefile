@@ -1,13 +1,18 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test demo dist docs suite django6 screenshots bench bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
+.PHONY: venv test test-quick demo dist docs suite django6 screenshots bench bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
 
 venv:
 	scripts/dev.sh venv
 
 test:
 	scripts/dev.sh test
+
+# The inner loop: PostgreSQL and SQLite side by side, without the browser, the
+# Spark pipeline, the run_delayq processes and the docs; about 3 minutes.
+test-quick:
+	scripts/dev.sh quick
 
 # The suite only, without reinstalling (for quick iterations).
 suite:

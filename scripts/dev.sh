@@ -8,6 +8,8 @@
 #                          statements, and through PgBouncer; the queue-on-its-own-database
 #                          tests on two databases of each), on MariaDB/MySQL when one is reachable, then the
 #                          Django 6 leg (below)
+#   scripts/dev.sh quick   the inner loop: the suite without the browser, Spark, processes or
+#                          docs, on PostgreSQL and SQLite at once (make test-quick)
 #   scripts/dev.sh pgbouncer  only the core suite through PgBouncer (the leg of `test`)
 #   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
 #   scripts/dev.sh dist    build the sdist and the wheel into dist/, twine check them, and
@@ -33,6 +35,8 @@ VENV="${VENV:-.venv}"
 PY="$VENV/bin/python"
 
 log() { printf '\n==> %s\n' "$*"; }
+
+minutes() { printf '%d min %02d s' $(( $1 / 60 )) $(( $1 % 60 )); }
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -147,27 +151,78 @@ run_dist() {
   "$PY" scripts/check_dist.py dist
 }
 
+# The suite runs in parallel (pytest-xdist) where its tests are independent:
+# each of the WORKERS processes has its own test database (pytest-django adds
+# _gw0, _gw1... to its name) and takes whole files (a file's tests share
+# fixtures and run in their order). Most of a test's time is spent waiting
+# on another process (a worker, a subprocess, the database), so there are
+# more of them than cores. The browser tests run after, in one process
+# (Playwright keeps one Chromium for the session); PgBouncer's leg stays
+# serial (its pool has two connections).
+WORKERS="${DELAYQ_TEST_WORKERS:-$(( $(nproc) + 2 ))}"
+PARALLEL=(-n "$WORKERS" --dist loadfile)
+
 run_suite() {
   local pg_url sqlite_url
   pg_url="$(scripts/ensure-postgres.sh)"
   sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-suite-$(id -u).sqlite3"
-  log "test suite on PostgreSQL ($pg_url)"
-  DATABASE_URL="$pg_url" "$PY" -m pytest "$@"
+  log "test suite on PostgreSQL ($pg_url, $WORKERS processes)"
+  DATABASE_URL="$pg_url" "$PY" -m pytest "${PARALLEL[@]}" -m "not browser" "$@"
+  log "the admin in a real browser, on PostgreSQL"
+  DATABASE_URL="$pg_url" "$PY" -m pytest -m browser "$@" tests/browser
   log "example project's tests on PostgreSQL"
   DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider example_project
   # The configuration the README recommends for speed (server-side parameters
-  # and prepared statements): the core and the worker processes.
+  # and prepared statements): every statement the store sends, and the
+  # worker's processes.
   log "core suite on PostgreSQL with prepared statements"
   DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
-    tests/unit tests/integration tests/store tests/process \
+    "${PARALLEL[@]}" tests/integration tests/store tests/process \
     --ignore=tests/integration/test_faults.py
   run_pgbouncer_suite "$pg_url"
-  log "test suite on SQLite ($sqlite_url)"
-  DATABASE_URL="$sqlite_url" "$PY" -m pytest "$@"
+  log "test suite on SQLite ($sqlite_url, $WORKERS processes)"
+  DATABASE_URL="$sqlite_url" "$PY" -m pytest "${PARALLEL[@]}" --ignore=tests/browser "$@"
   log "example project's tests on SQLite"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider example_project
   run_queue_database_suite "$pg_url" "$sqlite_url"
   run_mysql_suite "$@"
+}
+
+# -- make test-quick: the inner loop ---------------------------------------------
+
+ensure_quick_venv() {
+  # The full .venv if it is there (make test made it), else what the quick
+  # run needs: no Spark, browser, linters or MariaDB driver.
+  if [ -x "$PY" ] && "$PY" -c 'import pytest_django, xdist, psycopg' 2>/dev/null; then
+    return 0
+  fi
+  ensure_venv "postgres,test,example"
+}
+
+# What the quick run leaves out: the browser, the Spark pipeline, the tests
+# that start run_delayq processes (the chaos and adversary runs among them)
+# and the documentation. make test runs them all.
+QUICK=(-m "not browser and not pipeline and not process" --ignore=tests/docs tests)
+
+run_quick() {
+  # PostgreSQL and SQLite at the same time, each in WORKERS processes; the
+  # SQLite run's output is shown after PostgreSQL's.
+  local pg_url sqlite_url sqlite_log status=0 sqlite_status=0 pid
+  pg_url="$(scripts/ensure-postgres.sh)"
+  sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-quick-$(id -u).sqlite3"
+  sqlite_log="$(mktemp)"
+  log "quick suite on PostgreSQL ($pg_url) and SQLite ($sqlite_url)"
+  DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" \
+    "${QUICK[@]}" "$@" >"$sqlite_log" 2>&1 &
+  pid=$!
+  DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" \
+    "${QUICK[@]}" "$@" || status=$?
+  wait "$pid" || sqlite_status=$?
+  log "quick suite on SQLite"
+  cat "$sqlite_log"
+  rm -f "$sqlite_log"
+  log "make test-quick: $(minutes "$SECONDS")"
+  [ "$status" = 0 ] && [ "$sqlite_status" = 0 ]
 }
 
 # -- PgBouncer: the core through a pooler in transaction mode --------------------
@@ -243,8 +298,8 @@ run_mysql_suite() {
     log "no MariaDB/MySQL at ${DELAYQ_MYSQL_HOST:-127.0.0.1}:${DELAYQ_MYSQL_PORT:-3306}: skipping its test run"
     return 0
   fi
-  log "test suite on MariaDB/MySQL (${url})"
-  DATABASE_URL="$url" "$PY" -m pytest --ignore=tests/browser "$@"
+  log "test suite on MariaDB/MySQL (${url}, $WORKERS processes)"
+  DATABASE_URL="$url" "$PY" -m pytest "${PARALLEL[@]}" --ignore=tests/browser "$@"
   log "queue on its own database, MariaDB/MySQL (${url}_queue)"
   DATABASE_URL="$url" DELAYQ_TEST_QUEUE_URL="${url}_queue" \
     "$PY" -m pytest -q -p no:cacheprovider tests/queue_database tests/unit/test_routers.py
@@ -300,16 +355,19 @@ run_django6() {
   pg_url="$(scripts/ensure-postgres.sh)"
   sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-dj6-$(id -u).sqlite3"
   log "Django 6: Tasks backend and core subset on PostgreSQL ($pg_url)"
-  DATABASE_URL="$pg_url" "$py6" -m pytest -q -p no:cacheprovider "${DJ6_TESTS[@]}"
+  DATABASE_URL="$pg_url" "$py6" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "${DJ6_TESTS[@]}"
   log "Django 6: Tasks backend and core subset on SQLite ($sqlite_url)"
-  DATABASE_URL="$sqlite_url" "$py6" -m pytest -q -p no:cacheprovider "${DJ6_TESTS[@]}"
+  DATABASE_URL="$sqlite_url" "$py6" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "${DJ6_TESTS[@]}"
 }
 
 case "${1:-}" in
   venv) ensure_full_venv; ensure_spark_runtime ;;
   test)
     shift; ensure_full_venv; ensure_chromium; ensure_spark_runtime
-    run_checks; run_docs; run_dist; run_suite "$@"; run_django6 ;;
+    installed=$SECONDS
+    run_checks; run_docs; run_dist; run_suite "$@"; run_django6
+    log "make test: installs $(minutes "$installed"), tests $(minutes $(( SECONDS - installed )))" ;;
+  quick) shift; ensure_quick_venv; run_quick "$@" ;;
   suite) shift; run_suite "$@" ;;
   pgbouncer) run_pgbouncer_suite "$(scripts/ensure-postgres.sh)" ;;
   dist) ensure_venv dist; run_dist ;;
@@ -319,5 +377,5 @@ case "${1:-}" in
   demo) ensure_venv example; scripts/demo.sh "$PY" ;;
   # Sphinx, MyST and Furo, and the Tasks backport autodoc needs on Django 5.2.
   docs) ensure_venv docs,tasks; build_docs ;;
-  *) echo "usage: $0 venv|test|suite|pgbouncer|dist|docs|django6|demo" >&2; exit 2 ;;
+  *) echo "usage: $0 venv|test|quick|suite|pgbouncer|dist|docs|django6|demo" >&2; exit 2 ;;
 esac

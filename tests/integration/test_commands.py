@@ -58,15 +58,16 @@ def test_status_marks_queues_that_no_handler_consumes():
     assert "no handler" not in run("delayq_status", "--queue", "default")
 
 
-def test_status_lists_a_stopped_worker_for_ten_minutes_then_counts_it(worker_rows):
+def test_status_counts_stopped_workers_and_lists_them_only_when_asked(worker_rows):
+    """A clean stop said goodbye: counted at once, listed with --all-workers."""
     worker_rows("live:1")
-    worker_rows("just-stopped:2", stopped_ago=timedelta(minutes=2))
+    worker_rows("just-stopped:2", stopped_ago=timedelta(seconds=1))
     worker_rows("long-stopped:3", stopped_ago=timedelta(hours=3))
     worker_rows("older:4", stopped_ago=timedelta(hours=20))
     lines = run("delayq_status").splitlines()
     names = [line.split()[0] for line in lines if line.split() and ":" in line.split()[0]]
-    assert names == ["just-stopped:2", "live:1"]
-    assert lines[-1] == "2 worker(s) stopped more than 10m ago (--all-workers lists them)"
+    assert names == ["live:1"]
+    assert lines[-1] == "3 stopped worker(s) (--all-workers lists them)"
     lines = run("delayq_status", "--all-workers").splitlines()
     names = [line.split()[0] for line in lines if line.split() and ":" in line.split()[0]]
     assert names == ["just-stopped:2", "live:1", "long-stopped:3", "older:4"]

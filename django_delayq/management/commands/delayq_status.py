@@ -65,8 +65,6 @@ def _limit_cells(flow: ScopeFlow | None) -> tuple[str, str, str, str, str]:
     )
 
 
-#: How long a cleanly stopped worker stays in the list without --all-workers.
-STOPPED_SHOWN = timedelta(minutes=10)
 
 
 def human(delta: timedelta) -> str:
@@ -79,7 +77,7 @@ class Command(BaseCommand):
         "whether the queue is paused or throttled and whether a handler of this project "
         "consumes it; then the queues' rate limits and concurrency caps and how close they "
         "are to them, the messages waiting for their group and the blocked groups; then "
-        "the live and dead workers, and those stopped in the last ten minutes."
+        "the live and dead workers (--all-workers: the stopped ones too)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -91,7 +89,7 @@ class Command(BaseCommand):
             "--all-workers",
             action="store_true",
             help="List every worker the database remembers (a day after its last heartbeat), "
-            "not only those stopped in the last ten minutes.",
+            "the cleanly stopped ones too.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -153,9 +151,10 @@ class Command(BaseCommand):
 
     def _workers(self, using: str | None, *, every: bool) -> None:
         known = workers(using)
-        # A worker stopped cleanly holds nothing: it is news for a while (the
-        # restart a moment ago), then only noise in a list of many restarts.
-        shown = [w for w in known if every or w.state != "stopped" or w.seen_ago <= STOPPED_SHOWN]
+        # A worker stopped cleanly said goodbye and holds nothing: in a list of
+        # many restarts it is noise, so it is only counted. A dead one stays
+        # (its messages went back to the others; a crash is news).
+        shown = [w for w in known if every or w.state != "stopped"]
         hidden = len(known) - len(shown)
         if shown:
             held = held_by([w.name for w in shown], using)
@@ -177,10 +176,7 @@ class Command(BaseCommand):
         if hidden:
             if not shown:
                 self.stdout.write("")
-            self.stdout.write(
-                f"{hidden} worker(s) stopped more than {human(STOPPED_SHOWN)} ago "
-                "(--all-workers lists them)"
-            )
+            self.stdout.write(f"{hidden} stopped worker(s) (--all-workers lists them)")
 
     def _table(self, columns: tuple[str, ...], rows: Sequence[tuple[object, ...]]) -> None:
         table = [columns, *[tuple(str(c) for c in row) for row in rows]]
