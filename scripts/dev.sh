@@ -166,8 +166,8 @@ run_suite() {
   local pg_url sqlite_url
   pg_url="$(scripts/ensure-postgres.sh)"
   sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-suite-$(id -u).sqlite3"
-  log "test suite on PostgreSQL ($pg_url, $WORKERS processes)"
-  DATABASE_URL="$pg_url" "$PY" -m pytest "${PARALLEL[@]}" -m "not browser" "$@"
+  log "test suite on PostgreSQL ($pg_url, $WORKERS processes; the 30 slowest tests listed)"
+  DATABASE_URL="$pg_url" "$PY" -m pytest "${PARALLEL[@]}" -m "not browser" --durations=30 "$@"
   log "the admin in a real browser, on PostgreSQL"
   DATABASE_URL="$pg_url" "$PY" -m pytest -m browser "$@" tests/browser
   log "example project's tests on PostgreSQL"

@@ -26,7 +26,7 @@ from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet, TextField
+from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.forms.fields import InvalidJSONInput
 from django.http import (
@@ -46,11 +46,13 @@ from django.utils.translation import gettext_lazy
 
 from django_delayq import clock, durations, operations, search
 from django_delayq.admin import actions
+from django_delayq.cron.spec import KEY_PREFIX
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.flow import continuing_queues
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN, Message
 from django_delayq.payload import check_payload, check_text_depth
 from django_delayq.registry import max_attempts_of, registry
+from django_delayq.status import Status
 from django_delayq.store import changes, queries
 from django_delayq.store.queries import due_condition, retrying_condition
 from django_delayq.values import escape_surrogates
@@ -381,6 +383,28 @@ class RedeliveredFilter(admin.SimpleListFilter):
         return queryset
 
 
+class TicksFilter(admin.SimpleListFilter):
+    """The schedules' ticks (keys ``cron:...``): a fast schedule keeps its next
+    ticks installed ahead (``every=5``: 24 rows waiting), which would
+    otherwise fill the top of the list. "Not due yet" hides those that wait
+    for their time; the ticks that are due, running or done stay listed."""
+
+    title = gettext_lazy("schedule ticks")
+    parameter_name = "ticks"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("due", _("Hide those not due yet")), ("only", _("Only ticks"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        ticks = Q(key__startswith=KEY_PREFIX)
+        if self.value() == "due":
+            waiting = ticks & Q(status=Status.PENDING, next_attempt_time__gt=clock.sql_now())
+            return queryset.exclude(waiting)
+        if self.value() == "only":
+            return queryset.filter(ticks)
+        return queryset
+
+
 class GroupFilter(admin.SimpleListFilter):
     """Messages of one group (``?group=order-42``): a text box, as groups are too
     many to list. With ``?queue=`` it is one group's messages, in their order."""
@@ -698,6 +722,7 @@ class MessageAdmin(admin.ModelAdmin):
         RetryingFilter,
         OverdueFilter,
         RedeliveredFilter,
+        TicksFilter,
     )
     # The search box appears because search_fields is set; get_search_results
     # implements the syntax of django_delayq.search instead of Django's.

@@ -208,6 +208,7 @@ FILTERS = [
     "retrying",
     "overdue",
     "redelivered",
+    "ticks",
     "created_at__year",
     "created_at__month",
     "created_at__day",

@@ -107,6 +107,24 @@ def test_redelivered_filter(admin_client):
     )
 
 
+def test_ticks_filter_hides_the_ticks_not_due_yet_or_shows_only_ticks(admin_client, fake_clock):
+    now = fake_clock()
+    later = [
+        MessageFactory(
+            key=f"cron:beat:0123456789:T{i}", next_attempt_time=now + timedelta(minutes=5 * i)
+        )
+        for i in (1, 2, 3)
+    ]
+    due_tick = MessageFactory(key="cron:beat:0123456789:T0", next_attempt_time=now)
+    done_tick = MessageFactory(key="cron:beat:0123456789:T-1", status="succeeded")
+    delayed = MessageFactory(key="welcome-1", next_attempt_time=now + timedelta(hours=1))
+    shown = listed(admin_client.get(f"{CHANGELIST}?ticks=due"))
+    assert sorted(shown) == sorted([due_tick.pk, done_tick.pk, delayed.pk])
+    only = listed(admin_client.get(f"{CHANGELIST}?ticks=only"))
+    assert sorted(only) == sorted([due_tick.pk, done_tick.pk, *(m.pk for m in later)])
+    assert len(listed(admin_client.get(CHANGELIST))) == 6
+
+
 def test_a_bad_filter_value_is_refused(admin_client):
     response = admin_client.get(f"{CHANGELIST}?overdue=soon")
     assert response.status_code == 302 and "e=1" in response["Location"]
