@@ -65,8 +65,6 @@ def _limit_cells(flow: ScopeFlow | None) -> tuple[str, str, str, str, str]:
     )
 
 
-
-
 def human(delta: timedelta) -> str:
     return durations.human(max(0.0, delta.total_seconds()), durations.STATUS)
 
