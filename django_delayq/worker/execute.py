@@ -545,19 +545,28 @@ def _record_failure(
     }
     where = (who(message), message.attempt_count)
     if retry_in is None:
+        # The last attempt's traceback (when the handler raised), so that this
+        # one line says everything about the failure: as the exception, for
+        # the formatters, unless its text holds what no log file can (a lone
+        # surrogate, a NUL), then as the text the row keeps.
+        line: tuple[Any, ...] = ("%s failed after %s attempt(s): %s", *where, error)
+        exc_info: Any = (type(exc), exc, exc.__traceback__) if tb else None
+        if tb and values["traceback"] != tb:
+            line, exc_info = (
+                ("%s failed after %s attempt(s): %s\n%s", *where, error, values["traceback"]),
+                None,
+            )
         return _record(
             Result.FAILED,
             values,
-            ("%s failed after %s attempt(s): %s", *where, error),
+            line,
             message,
             token,
             using,
             later,
             held=held,
             blocked=blocked,
-            # The last attempt's traceback (when the handler raised), so that
-            # this one line says everything about the failure.
-            exc_info=(type(exc), exc, exc.__traceback__) if tb else None,
+            exc_info=exc_info,
             exception=exc,
         )
     return _record(

@@ -296,16 +296,26 @@ def test_a_lone_surrogate_in_a_task_argument_is_refused_naming_it():
     assert not Message.objects.exists()
 
 
-def test_an_error_text_holding_a_lone_surrogate_is_recorded(run_worker):
-    """Every attempt ended "unrecorded", and the message finally "ended without an outcome"."""
+def test_an_error_text_holding_a_lone_surrogate_is_recorded(run_worker, caplog):
+    """Every attempt ended "unrecorded", and the message finally "ended without an outcome".
+    Its log line, with the traceback, was lost too where a log file is UTF-8 (a
+    handler's ``--- Logging error ---``), and broke a test runner's report."""
+    import logging
+
     message = enqueue("surrogates", {"name": LONE.encode("utf-8", "surrogateescape").hex()}).message
-    run_worker(["surrogates"])
+    with caplog.at_level(logging.INFO, logger="django_delayq"):
+        run_worker(["surrogates"])
     after = Message.objects.get(pk=message.pk)
     assert after.status == "failed"
     assert after.attempt_count == 1
     assert "cannot open report-\\udcff.csv" in after.last_error
     assert "\\udcff" in after.last_traceback
     assert "without an outcome" not in after.last_error
+    lines = [logging.Formatter().format(record) for record in caplog.records]
+    failed = [line for line in lines if "failed after 1 attempt(s)" in line]
+    assert len(failed) == 1 and "Traceback" in failed[0] and "\\udcff" in failed[0]
+    for line in lines:
+        line.encode("utf-8")  # no lone surrogate left in any line
 
 
 def test_the_admin_pages_show_a_stored_lone_surrogate_escaped(admin_client):
