@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 
 from tests.chaos.harness import Config, run_chaos
+from tests.pooler import behind_pooler
 
 pytestmark = [pytest.mark.process, pytest.mark.postgres_only]
 
@@ -34,6 +35,11 @@ def test_short_chaos_run_loses_nothing(worker_env, tmp_path, capsys):
     # record another error over it).
     assert figures.value("time limits hit") >= Config.short().slow
     assert figures.value("enqueue calls (ledger rows)") == Config.short().messages
-    assert (
-        int(str(figures.value("connection cuts (backends terminated)"))) > Config.short().consumers
-    )
+    # Every consumer's LISTEN session at least; directly connected, its working
+    # connection too. Behind a pooler the pool's few server connections may
+    # all be idle and closed at the moment of the cut.
+    cut = int(str(figures.value("connection cuts (backends terminated)")))
+    if behind_pooler():
+        assert cut >= Config.short().consumers
+    else:
+        assert cut > Config.short().consumers
