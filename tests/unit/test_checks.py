@@ -59,6 +59,9 @@ def test_bad_settings_are_reported(value, expected):
     assert ids(value) == expected
 
 
+# Django 6's manage.py check runs the database checks too (the JSON field's asks
+# the connection), so it needs the database as a user's check does.
+@pytest.mark.django_db
 def test_bad_settings_fail_manage_check():
     with (
         override_settings(DELAYQ={"CONCURRENCY": -2}),
@@ -155,6 +158,9 @@ def test_other_settings_of_a_model_queue_are_not_e008(queues):
         assert check_flow_limits() == []
 
 
+# Django 6's manage.py check runs the database checks too (the JSON field's asks
+# the connection), so it needs the database as a user's check does.
+@pytest.mark.django_db
 def test_a_bad_limit_fails_manage_check():
     with (
         override_settings(DELAYQ={"QUEUES": {"emails": {"GLOBAL_CONCURRENCY": 0}}}),

@@ -46,6 +46,9 @@ def test_bad_metrics_settings_are_reported(value, expected):
     assert ids(value) == expected
 
 
+# Django 6's manage.py check runs the database checks too (the JSON field's asks
+# the connection), so it needs the database as a user's check does.
+@pytest.mark.django_db
 def test_metrics_without_prometheus_client_is_a_check_error(without_prometheus):
     assert ids({"METRICS_PORT": 9108}) == ["django_delayq.E030"]
     assert ids({}) == []  # metrics off: nothing needed

@@ -134,6 +134,9 @@ def test_a_router_that_moves_the_tables_elsewhere_is_e081(monkeypatch):
     assert ids(DATABASE=OTHER) == ["django_delayq.E091"]
 
 
+# Django 6's manage.py check runs the database checks too (the JSON field's asks
+# the connection), so it needs the database as a user's check does.
+@pytest.mark.django_db
 def test_a_bad_database_fails_manage_check():
     with (
         override_settings(DELAYQ={"DATABASE": "nowhere"}),
