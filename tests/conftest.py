@@ -23,14 +23,24 @@ from django_delayq import clock
 from django_delayq.worker import Worker
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the browser tests last.
+    """Run the browser tests last, and group the tests for pytest-xdist.
 
     Playwright's sync API keeps an asyncio event loop running in the main
     thread while its (session-wide) browser is open; any later test that goes
     through ``async_to_sync`` would then refuse to run.
+
+    With ``--dist loadgroup`` (scripts/dev.sh) a file's tests run in one
+    process, in their order (they share fixtures), and so do all the Spark
+    pipeline's: each process that runs one starts a Spark session, a JVM of
+    most of a gigabyte and seconds of CPU, so one per run, not one per process.
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    for item in items:
+        pipeline = item.get_closest_marker("pipeline") is not None
+        group = "pipeline" if pipeline else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 ROOT = Path(__file__).resolve().parent.parent
