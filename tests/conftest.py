@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     most of a gigabyte and seconds of CPU, so one per run, not one per process.
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         pipeline = item.get_closest_marker("pipeline") is not None
         group = "pipeline" if pipeline else item.nodeid.split("::", 1)[0]
