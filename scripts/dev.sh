@@ -11,6 +11,7 @@
 #   scripts/dev.sh quick   the inner loop: the suite without the browser, Spark, processes or
 #                          docs, on PostgreSQL and SQLite at once (make test-quick)
 #   scripts/dev.sh pgbouncer  only the core suite through PgBouncer (the leg of `test`)
+#   scripts/dev.sh coverage   branch coverage of the package over the database legs
 #   scripts/dev.sh docs    build the documentation site (docs/_build/html), warnings as errors
 #   scripts/dev.sh dist    build the sdist and the wheel into dist/, twine check them, and
 #                          check their contents and a fresh install (scripts/check_dist.py)
@@ -203,6 +204,35 @@ run_suite() {
   run_mysql_suite "$@"
 }
 
+# -- make coverage: branch coverage of django_delayq across the database legs -------
+
+run_coverage() {
+  # The PostgreSQL leg (without the browser) and the SQLite and MariaDB/MySQL
+  # legs, under coverage.py (pyproject.toml: every process, branches), then
+  # the total. COVERAGE_LEGS=full runs the whole suite on every database
+  # instead, for comparing a choice of what DATABASE_LEG leaves out.
+  local pg_url sqlite_url url legs=("${DATABASE_LEG[@]}")
+  [ "${COVERAGE_LEGS:-}" = full ] && legs=(--ignore=tests/browser)
+  pg_url="$(scripts/ensure-postgres.sh)"
+  sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-coverage-$(id -u).sqlite3"
+  rm -rf .coverage-data && mkdir -p .coverage-data
+  log "coverage: PostgreSQL"
+  DATABASE_URL="$pg_url" "$PY" -m coverage run -m pytest -q -p no:cacheprovider \
+    "${PARALLEL[@]}" -m "not browser" "$@" || true
+  log "coverage: SQLite"
+  DATABASE_URL="$sqlite_url" "$PY" -m coverage run -m pytest -q -p no:cacheprovider \
+    "${PARALLEL[@]}" "${legs[@]}" "$@" || true
+  url="$(mysql_url)"
+  if [ -n "$url" ]; then
+    log "coverage: MariaDB/MySQL"
+    DATABASE_URL="$url" "$PY" -m coverage run -m pytest -q -p no:cacheprovider \
+      "${PARALLEL[@]}" "${legs[@]}" "$@" || true
+  fi
+  "$PY" -m coverage combine -q
+  "$PY" -m coverage report
+  log "branch coverage of django_delayq: $("$PY" -m coverage report --format=total)%"
+}
+
 # -- make test-quick: the inner loop ---------------------------------------------
 
 ensure_quick_venv() {
@@ -381,6 +411,7 @@ case "${1:-}" in
     run_checks; run_docs; run_dist; run_suite "$@"; run_django6
     log "make test: installs $(minutes "$installed"), tests $(minutes $(( SECONDS - installed )))" ;;
   quick) shift; ensure_quick_venv; run_quick "$@" ;;
+  coverage) shift; run_coverage "$@" ;;
   suite) shift; run_suite "$@" ;;
   pgbouncer) run_pgbouncer_suite "$(scripts/ensure-postgres.sh)" ;;
   dist) ensure_venv dist; run_dist ;;
@@ -390,5 +421,5 @@ case "${1:-}" in
   demo) ensure_venv example; scripts/demo.sh "$PY" ;;
   # Sphinx, MyST and Furo, and the Tasks backport autodoc needs on Django 5.2.
   docs) ensure_venv docs,tasks; build_docs ;;
-  *) echo "usage: $0 venv|test|quick|suite|pgbouncer|dist|docs|django6|demo" >&2; exit 2 ;;
+  *) echo "usage: $0 venv|test|quick|suite|coverage|pgbouncer|dist|docs|django6|demo" >&2; exit 2 ;;
 esac
