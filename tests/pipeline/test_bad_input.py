@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,15 +116,18 @@ def test_missing_jdbc_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     from django.db import connection
 
     from django_delayq.contrib.spark import session
+    from django_delayq.store.features import features
 
     finished("q", "done")
     missing = tmp_path / "driver.jar"
-    monkeypatch.setitem(session.JDBC_JARS, connection.vendor, str(missing))
+    can = features(connection)
+    elsewhere = replace(can, jdbc=replace(can.jdbc, jar=str(missing)))
+    monkeypatch.setattr(session, "features", lambda _: elsewhere)
     monkeypatch.delenv("DELAYQ_SPARK_JARS", raising=False)
     message = refused("archive", "--dest", str(tmp_path / "arch"), "--older-than", "0")
     assert message == (
         f"the JDBC driver for {connection.vendor} is missing ({missing} does not exist): "
-        f"apt-get install {session.JDBC_PACKAGES[connection.vendor]}, "
+        f"apt-get install {can.jdbc.package}, "
         "or name its jar in DELAYQ_SPARK_JARS"
     )
     assert Message.objects.count() == 1

@@ -18,12 +18,39 @@ from django.db import DatabaseError, connection, transaction
 from django_delayq import enqueue_many
 from django_delayq.models import Message
 from django_delayq.store import server
-from django_delayq.store.features import SQLITE_RETURNING, Features, features
+from django_delayq.store.features import (
+    JDBC_DRIVERS,
+    SQLITE_RETURNING,
+    Features,
+    JdbcDriver,
+    features,
+)
 from django_delayq.store.sql import statement
 
 pytestmark = pytest.mark.django_db
 
 SQLITE_HAS_RETURNING = sqlite3.sqlite_version_info >= SQLITE_RETURNING
+
+# Debian's packages of the JDBC drivers (MariaDB's serves MySQL servers too).
+JDBC = {
+    "postgresql": JdbcDriver(
+        driver_class="org.postgresql.Driver",
+        jar="/usr/share/java/postgresql.jar",
+        package="libpostgresql-jdbc-java",
+        options=("sslmode", "sslrootcert", "sslcert", "sslkey"),
+    ),
+    "mysql": JdbcDriver(
+        driver_class="org.mariadb.jdbc.Driver",
+        jar="/usr/share/java/mariadb-java-client.jar",
+        package="libmariadb-java",
+        url_query="?permitMysqlScheme",
+    ),
+    "sqlite": JdbcDriver(
+        driver_class="org.sqlite.JDBC",
+        jar="/usr/share/java/sqlite-jdbc.jar",
+        package="libxerial-sqlite-jdbc-java",
+    ),
+}
 
 EXPECTED = {
     "postgresql": Features(
@@ -41,6 +68,15 @@ EXPECTED = {
         row_estimate="pg_class",
         binary_text=False,
         pipeline=True,
+        client="psycopg",
+        bulk_writer="copy",
+        archive_delete="one_statement",
+        archive_lock="advisory",
+        naive_datetimes=False,
+        file_database=False,
+        default_port=5432,
+        url_scheme="postgresql",
+        jdbc=JDBC["postgresql"],
         group_commits=True,
         group_function=True,
         inline_constants=True,
@@ -60,6 +96,15 @@ EXPECTED = {
         row_estimate=None,
         binary_text=False,
         pipeline=True,
+        client="sqlite3",
+        bulk_writer="existing_keys",
+        archive_delete="lock_database",
+        archive_lock="file",
+        naive_datetimes=True,
+        file_database=True,
+        default_port=None,
+        url_scheme="sqlite",
+        jdbc=JDBC["sqlite"],
         group_commits=False,
         group_function=False,
         inline_constants=False,
@@ -79,6 +124,15 @@ EXPECTED = {
         row_estimate="information_schema",
         binary_text=True,
         pipeline=True,
+        client="MySQLdb",
+        bulk_writer="insert_ignore",
+        archive_delete="lock_rows",
+        archive_lock="named",
+        naive_datetimes=True,
+        file_database=False,
+        default_port=3306,
+        url_scheme="mysql",
+        jdbc=JDBC["mysql"],
         group_commits=False,
         group_function=False,
         no_wait=True,
@@ -90,6 +144,20 @@ EXPECTED = {
 def test_the_features_of_the_connection_are_its_vendors() -> None:
     assert features(connection) == EXPECTED[connection.vendor]
     assert features(connection) is features(connection)  # decided once per backend
+
+
+def test_the_spark_session_loads_every_jdbc_driver() -> None:
+    assert JDBC_DRIVERS == (JDBC["postgresql"], JDBC["mysql"], JDBC["sqlite"])
+
+
+def test_the_pipeline_connects_with_the_backends_own_driver_module() -> None:
+    """Spark's executors run without Django: they import the module it connects with."""
+    module = connection.Database.__name__  # SQLite's backend uses sqlite3.dbapi2
+    assert features(connection).client == module.partition(".")[0]
+
+
+def test_naive_datetimes_where_django_stores_datetimes_without_a_zone() -> None:
+    assert features(connection).naive_datetimes is not connection.features.supports_timezones
 
 
 # -- probes: the database does what a flag says it does (or cannot) ---------------------

@@ -60,6 +60,7 @@ from django_delayq.contrib.spark.storage import Storage
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import Message
 from django_delayq.registry import validate_queue_name
+from django_delayq.store.features import features
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -150,10 +151,10 @@ def _where_sql(options: ArchiveOptions, cutoff: datetime) -> str:
     def literal(text: str) -> str:
         return "'" + text.replace("'", "''") + "'"
 
-    if connection.vendor == "postgresql":
-        cut = f"{literal(cutoff.isoformat())}::timestamptz"
-    else:  # the text Django stores, so the comparison is the ORM's
+    if features(connection).naive_datetimes:  # the text Django stores: the ORM's comparison
         cut = literal(str(connection.ops.adapt_datetimefield_value(cutoff)))
+    else:  # an instant with its offset, as the column's own values are
+        cut = f"{literal(cutoff.isoformat())}::timestamptz"
     parts = [
         f"{qn('status')} IN ({', '.join(literal(s) for s in options.statuses)})",
         f"{qn('finished_at')} < {cut}",
@@ -351,7 +352,7 @@ def run_archive(
     hook: StageHook = on_stage or (lambda stage: None)
     options = validate_options(options)
     alias = str(options.database)
-    session.require_jdbc_driver(connections[alias].vendor)
+    session.require_jdbc_driver(connections[alias])
     started = time.perf_counter()
     storage = Storage(spark, options.dest)
     storage.check_writable()

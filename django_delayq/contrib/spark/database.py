@@ -41,12 +41,14 @@ def resolve_alias(alias: str | None) -> str:
     except ImproperlyConfigured as exc:
         raise PipelineError(str(exc)) from None
     connection = connections[alias]
-    if not features(connection).pipeline:
+    can = features(connection)
+    if not can.pipeline:
+        # The vendor's name only names the database in the message.
         raise PipelineError(
             "the Spark pipeline supports PostgreSQL, MariaDB/MySQL and SQLite, "
             f"not {connection.vendor}"
         )
-    if connection.vendor == "sqlite" and _sqlite_path(connection) is None:
+    if can.file_database and _database_file(connection) is None:
         raise PipelineError(
             "an in-memory SQLite database cannot be shared with Spark; use a database file"
         )
@@ -57,7 +59,9 @@ def table(alias: str) -> str:
     return connections[alias].ops.quote_name(Message._meta.db_table)
 
 
-def _sqlite_path(connection: BaseDatabaseWrapper) -> str | None:
+def _database_file(connection: BaseDatabaseWrapper) -> str | None:
+    """The absolute path of a file database (``file_database``): ``NAME``, a path or
+    a ``file:`` URI; None for an in-memory one."""
     name = str(connection.settings_dict["NAME"])
     if name == ":memory:" or "mode=memory" in name:
         return None
@@ -69,19 +73,20 @@ def _sqlite_path(connection: BaseDatabaseWrapper) -> str | None:
 def target(alias: str) -> DbTarget:
     """Connection parameters for the executors, picklable (no Django objects)."""
     connection = connections[alias]
-    if connection.vendor == "postgresql":
+    client = features(connection).client
+    if client == "psycopg":
         params = {
             k: v
             for k, v in connection.get_connection_params().items()
             if k not in ("cursor_factory", "context")
         }
-        return DbTarget("postgresql", params)
-    if connection.vendor == "mysql":
+        return DbTarget(client, params)
+    if client == "MySQLdb":
         return _mysql_target(connection)
     options = connection.settings_dict.get("OPTIONS", {})
-    params = {"database": _sqlite_path(connection), "timeout": float(options.get("timeout", 30))}
+    params = {"database": _database_file(connection), "timeout": float(options.get("timeout", 30))}
     init = tuple(s.strip() for s in str(options.get("init_command", "")).split(";") if s.strip())
-    return DbTarget("sqlite", params, init)
+    return DbTarget(client, params, init)
 
 
 def _mysql_target(connection: BaseDatabaseWrapper) -> DbTarget:
@@ -101,45 +106,36 @@ def _mysql_target(connection: BaseDatabaseWrapper) -> DbTarget:
         params["client_flag"] = flags
     level = getattr(connection, "isolation_level", None)
     init = (f"SET SESSION TRANSACTION ISOLATION LEVEL {level.upper()}",) if level else ()
-    return DbTarget("mysql", params, init)
-
-
-_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+    return DbTarget("MySQLdb", params, init)
 
 
 def identity(alias: str) -> str:
     """Names the database in the archive's run journal (never with a password)."""
     connection = connections[alias]
-    if connection.vendor == "sqlite":
-        return f"sqlite:{_sqlite_path(connection)}"
+    can = features(connection)
+    if can.file_database:
+        return f"{can.url_scheme}:{_database_file(connection)}"
     s = connection.settings_dict
-    port = s["PORT"] or _DEFAULT_PORTS[connection.vendor]
-    return f"{connection.vendor}://{s['HOST'] or 'localhost'}:{port}/{s['NAME']}"
+    port = s["PORT"] or can.default_port
+    return f"{can.url_scheme}://{s['HOST'] or 'localhost'}:{port}/{s['NAME']}"
 
 
 def jdbc_options(alias: str) -> dict[str, str]:
     """Options of Spark's JDBC source for this database (Debian's JDBC drivers)."""
-    from django_delayq.contrib.spark.session import JDBC_DRIVERS
-
     connection = connections[alias]
-    if connection.vendor == "sqlite":
-        return {"url": f"jdbc:sqlite:{_sqlite_path(connection)}", "driver": JDBC_DRIVERS["sqlite"]}
+    can = features(connection)
+    driver = can.jdbc
+    if can.file_database:
+        url = f"jdbc:{can.url_scheme}:{_database_file(connection)}"
+        return {"url": url, "driver": driver.driver_class}
     s = connection.settings_dict
     host = s["HOST"] or "localhost"
     if host.startswith("/"):
         host = "localhost"  # JDBC speaks TCP only; a socket directory means this machine
-    port = s["PORT"] or _DEFAULT_PORTS[connection.vendor]
-    if connection.vendor == "mysql":
-        # MariaDB's driver, under the jdbc:mysql scheme: Spark picks its
-        # dialect by the URL, and only its MySQL dialect quotes names with
-        # backticks (another would send "id", a string, to the server).
-        # permitMysqlScheme lets Connector/J 3 take such a URL (2.x does anyway).
-        url = f"jdbc:mysql://{host}:{port}/{s['NAME']}?permitMysqlScheme"
-    else:
-        url = f"jdbc:postgresql://{host}:{port}/{s['NAME']}"
+    port = s["PORT"] or can.default_port
     options = {
-        "url": url,
-        "driver": JDBC_DRIVERS[connection.vendor],
+        "url": f"jdbc:{can.url_scheme}://{host}:{port}/{s['NAME']}{driver.url_query}",
+        "driver": driver.driver_class,
         # Without a fetch size the PostgreSQL and MariaDB drivers read a whole
         # result into memory.
         "fetchsize": "10000",
@@ -148,10 +144,9 @@ def jdbc_options(alias: str) -> dict[str, str]:
         options["user"] = s["USER"]
     if s["PASSWORD"]:
         options["password"] = s["PASSWORD"]
-    if connection.vendor == "postgresql":
-        for name in ("sslmode", "sslrootcert", "sslcert", "sslkey"):
-            if s["OPTIONS"].get(name):
-                options[name] = str(s["OPTIONS"][name])
+    for name in driver.options:
+        if s["OPTIONS"].get(name):
+            options[name] = str(s["OPTIONS"][name])
     return options
 
 
@@ -185,6 +180,7 @@ def load_plan(
         queue,
         load.sql,
         load.params,
+        features(connection).bulk_writer,
         existing_sql=load.existing_sql,
         notify_channel=notify,
         hold_back_sql=load.hold_back_sql,
@@ -195,10 +191,12 @@ def load_plan(
 
 
 def delete_plan(alias: str) -> DeletePlan:
-    statements = changes.archived_delete(connections[alias])
+    connection = connections[alias]
+    statements = changes.archived_delete(connection)
     return DeletePlan(
         target(alias),
         delete_sql=statements["delete_sql"],
+        deleter=features(connection).archive_delete,
         count_sql=statements.get("count_sql", ""),
         select_sql=statements.get("select_sql", ""),
     )
@@ -412,13 +410,14 @@ def archive_lock(alias: str) -> Iterator[ArchiveLock]:
     journal.
     """
     connection = connections[alias]
+    kind = features(connection).archive_lock
     lock: ArchiveLock
-    if connection.vendor == "postgresql":
+    if kind == "advisory":
         lock = _AdvisoryLock(alias)
-    elif connection.vendor == "mysql":
+    elif kind == "named":
         lock = _NamedLock(alias)
     else:
-        lock = _FileLock(alias, Path(f"{_sqlite_path(connection)}.delayq-archive.lock"))
+        lock = _FileLock(alias, Path(f"{_database_file(connection)}.delayq-archive.lock"))
     try:
         yield lock
     finally:

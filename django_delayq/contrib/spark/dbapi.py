@@ -48,19 +48,19 @@ _SQLITE_TEMP = (
 class DbTarget:
     """How an executor connects: the driver's Django connection, minus Django."""
 
-    vendor: str  # "postgresql", "sqlite" or "mysql"
-    params: dict[str, Any]  # keyword arguments of psycopg / sqlite3 / MySQLdb.connect
+    client: str  # the DB-API module (Features.client): "psycopg", "sqlite3" or "MySQLdb"
+    params: dict[str, Any]  # keyword arguments of its connect()
     # Run on connecting: SQLite's PRAGMAs from OPTIONS["init_command"];
     # MariaDB/MySQL's isolation level (Django's is set the same way).
     init_sql: tuple[str, ...] = ()
 
 
 def connect(target: DbTarget) -> Any:
-    if target.vendor == "postgresql":
+    if target.client == "psycopg":
         import psycopg
 
         return psycopg.connect(**target.params)
-    if target.vendor == "mysql":
+    if target.client == "MySQLdb":
         import MySQLdb
 
         conn = MySQLdb.connect(**target.params, autocommit=False)
@@ -83,6 +83,7 @@ class LoadPlan:
     queue: str
     upsert_sql: str
     upsert_params: tuple[Any, ...]
+    writer: str  # Features.bulk_writer: "copy", "existing_keys" or "insert_ignore"
     # SQLite only: how many of the loaded keys exist already (created vs updated).
     existing_sql: str = ""
     notify_channel: str | None = None  # PostgreSQL with DELAYQ["NOTIFY"]
@@ -147,8 +148,7 @@ def write_partition(plan: LoadPlan, rows: Iterable[Any]) -> Iterator[tuple[int, 
     the rows that an earlier message of their group holds back (written by
     this batch, an earlier one, or anyone before), as ``enqueue_many`` does.
     """
-    writers = {"postgresql": _write_postgresql, "mysql": _write_mysql}
-    writer = writers.get(plan.target.vendor, _write_sqlite)
+    writer = _WRITERS[plan.writer]
     yield writer(plan, map(_as_enqueue_writes, rows)).as_tuple()
 
 
@@ -199,7 +199,9 @@ def _as_enqueue_writes(row: Any) -> Any:
     return (row[0], dumps(json.loads(payload)), *row[2:])
 
 
-def _write_postgresql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+def _write_copy(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+    """PostgreSQL: ``COPY`` into the temporary table, then one upsert that returns
+    what it created and updated, and the first due time (for ``NOTIFY``)."""
     counts = LoadCounts()
     with connect(plan.target) as conn:
         cur = conn.cursor()
@@ -226,7 +228,10 @@ def _write_postgresql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     return counts
 
 
-def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+def _write_existing_keys(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+    """SQLite: the rows go into the temporary table and the upsert runs in one
+    ``BEGIN IMMEDIATE`` transaction; created are the loaded keys that were not
+    there before it, updated the rest of its changes."""
     counts = LoadCounts()
     conn = connect(plan.target)
     try:
@@ -265,7 +270,7 @@ def _write_sqlite(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     return counts
 
 
-def _write_mysql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
+def _write_insert_ignore(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     """MariaDB/MySQL: multi-row INSERTs into the temporary table, then INSERT IGNORE
     (its row count: the keys it created) and, with update, the same rows with
     ON DUPLICATE KEY UPDATE (2 per row it changed, 0 per row left alone: the
@@ -300,6 +305,13 @@ def _write_mysql(plan: LoadPlan, rows: Iterator[Any]) -> LoadCounts:
     return counts
 
 
+_WRITERS = {
+    "copy": _write_copy,
+    "existing_keys": _write_existing_keys,
+    "insert_ignore": _write_insert_ignore,
+}
+
+
 def _columns(plan: LoadPlan) -> str:
     return "ord, key, payload, due, grp" if plan.grouped else "ord, key, payload, due"
 
@@ -320,6 +332,8 @@ class DeletePlan:
 
     target: DbTarget
     delete_sql: str
+    # Features.archive_delete: "one_statement", "lock_rows" or "lock_database".
+    deleter: str
     count_sql: str = ""
     select_sql: str = ""
     finished: tuple[str, ...] = ("succeeded", "failed", "cancelled")
@@ -335,7 +349,7 @@ def delete_partition(plan: DeletePlan, rows: Iterable[Any]) -> Iterator[tuple[in
     retried from the admin since it was read (even one that has finished
     again) no longer matches, and stays. ``kept`` counts such rows.
     """
-    deleter = _delete_postgresql if plan.target.vendor == "postgresql" else _delete_checked
+    deleter = _delete_one_statement if plan.deleter == "one_statement" else _delete_checked
     deleted = kept = 0
     it = iter(rows)
     conn = connect(plan.target)
@@ -349,7 +363,7 @@ def delete_partition(plan: DeletePlan, rows: Iterable[Any]) -> Iterator[tuple[in
     yield deleted, kept
 
 
-def _delete_postgresql(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
+def _delete_one_statement(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
     ids, statuses, attempts, updated, finished = (list(col) for col in zip(*batch, strict=True))
     with conn.transaction():
         cur = conn.cursor()
@@ -376,12 +390,13 @@ def _micros(value: Any) -> int | None:
 def _delete_checked(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int, int]:
     wanted = {row[0]: tuple(row[1:]) for row in batch}
     ids = json.dumps(list(wanted))
-    sqlite = plan.target.vendor == "sqlite"
-    if sqlite:
-        # SQLite runs one writer at a time: between this IMMEDIATE transaction's
+    whole = plan.deleter == "lock_database"
+    if whole:
+        # One writer at a time (SQLite): between this IMMEDIATE transaction's
         # read of the current versions and its DELETE, nothing else can write.
         conn.execute("BEGIN IMMEDIATE")
-    # MariaDB/MySQL: the read locks the rows (FOR UPDATE) until the commit.
+    # Else ("lock_rows", MariaDB/MySQL): the read locks the rows (FOR UPDATE)
+    # until the commit.
     cur = conn.cursor()
     try:
         cur.execute(plan.select_sql, [ids])
@@ -393,12 +408,12 @@ def _delete_checked(plan: DeletePlan, conn: Any, batch: list[Any]) -> tuple[int,
             and (status, attempts, _micros(updated_at), _micros(finished_at)) == wanted[pk]
         ]
         cur.execute(plan.delete_sql, [json.dumps(matching)])
-        if sqlite:
+        if whole:
             conn.execute("COMMIT")
         else:
             conn.commit()
     except BaseException:
-        if sqlite:
+        if whole:
             conn.execute("ROLLBACK")
         else:
             conn.rollback()

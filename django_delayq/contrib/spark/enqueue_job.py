@@ -77,6 +77,7 @@ from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH
 from django_delayq.payload import MAX_PAYLOAD_DEPTH
 from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.store.features import features
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -642,11 +643,10 @@ def prepare(
     for condition, text in reversed(checks):  # the first failing check names the row
         reason = F.when(F.coalesce(condition, F.lit(False)), text).otherwise(reason)
 
-    postgres = connections[str(options.database)].vendor == "postgresql"
     due_text = (
-        F.date_format(due, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
-        if postgres
-        else _django_datetime_text(due)
+        _django_datetime_text(due)
+        if features(connections[str(options.database)]).naive_datetimes
+        else F.date_format(due, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
     )
     return df.select(
         key.alias("key"),

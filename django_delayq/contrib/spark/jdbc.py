@@ -17,6 +17,7 @@ from django.db import connections, models
 
 from django_delayq.contrib.spark import database
 from django_delayq.models import Message
+from django_delayq.store.features import features
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -81,7 +82,7 @@ def read_messages(
     connection = connections[alias]
     qn = connection.ops.quote_name
     fields = message_fields()
-    naive = connection.vendor in ("sqlite", "mysql")  # datetimes without a zone, in UTC
+    naive = features(connection).naive_datetimes  # datetimes without a zone, in UTC
     columns = ", ".join(qn(str(f.column)) for f in fields)
     query = (
         f"(SELECT {columns} FROM {database.table(alias)} "

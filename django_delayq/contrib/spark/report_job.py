@@ -124,7 +124,7 @@ def validate_options(options: ReportOptions) -> ReportOptions:
         raise PipelineError(f"--out {options.out} is not writable")
     if options.include_live:
         alias = database.resolve_alias(options.database)
-        session.require_jdbc_driver(connections[alias].vendor)
+        session.require_jdbc_driver(connections[alias])
         return replace(options, database=alias)
     return options
 

@@ -22,27 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django_delayq.contrib.spark import PipelineError, require_pyspark, storage
+from django_delayq.store.features import JDBC_DRIVERS, features
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from pyspark.sql import SparkSession
 
-# Debian's libpostgresql-jdbc-java, libmariadb-java (MariaDB and MySQL) and
-# libxerial-sqlite-jdbc-java.
-JDBC_JARS = {
-    "postgresql": "/usr/share/java/postgresql.jar",
-    "mysql": "/usr/share/java/mariadb-java-client.jar",
-    "sqlite": "/usr/share/java/sqlite-jdbc.jar",
-}
-JDBC_DRIVERS = {
-    "postgresql": "org.postgresql.Driver",
-    "mysql": "org.mariadb.jdbc.Driver",
-    "sqlite": "org.sqlite.JDBC",
-}
-JDBC_PACKAGES = {
-    "postgresql": "libpostgresql-jdbc-java",
-    "mysql": "libmariadb-java",
-    "sqlite": "libxerial-sqlite-jdbc-java",
-}
 JAVA_MIN_VERSION = 17
 JAVA_HINT = "apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
 LOCAL_MASTER = "local[*]"
@@ -99,20 +84,23 @@ def _is_loopback(master: str) -> bool:
 
 def jdbc_jars() -> list[str]:
     """The JDBC driver jars that exist, plus any in ``$DELAYQ_SPARK_JARS`` (comma-separated)."""
-    jars = [path for path in JDBC_JARS.values() if Path(path).exists()]
+    jars = [driver.jar for driver in JDBC_DRIVERS if Path(driver.jar).exists()]
     extra = os.environ.get("DELAYQ_SPARK_JARS", "")
     return jars + [j for j in extra.split(",") if j]
 
 
-def require_jdbc_driver(vendor: str) -> None:
-    """Raise :class:`PipelineError` unless Spark can load ``vendor``'s JDBC driver:
-    Debian's jar is there, or ``$DELAYQ_SPARK_JARS`` names jars (the driver's among
-    them). Checked before a job that reads through JDBC writes anything."""
-    if Path(JDBC_JARS[vendor]).exists() or os.environ.get("DELAYQ_SPARK_JARS"):
+def require_jdbc_driver(connection: BaseDatabaseWrapper) -> None:
+    """Raise :class:`PipelineError` unless Spark can load the JDBC driver of
+    ``connection``'s database: Debian's jar is there, or ``$DELAYQ_SPARK_JARS``
+    names jars (the driver's among them). Checked before a job that reads
+    through JDBC writes anything."""
+    driver = features(connection).jdbc
+    if Path(driver.jar).exists() or os.environ.get("DELAYQ_SPARK_JARS"):
         return
+    # The vendor's name only names the database in the message.
     raise PipelineError(
-        f"the JDBC driver for {vendor} is missing ({JDBC_JARS[vendor]} does not exist): "
-        f"apt-get install {JDBC_PACKAGES[vendor]}, or name its jar in DELAYQ_SPARK_JARS"
+        f"the JDBC driver for {connection.vendor} is missing ({driver.jar} does not exist): "
+        f"apt-get install {driver.package}, or name its jar in DELAYQ_SPARK_JARS"
     )
 
 
