@@ -32,6 +32,8 @@ then falls on all of them.
 
 ``PICKUP_POSTGRES`` (default ``postgres://postgres@127.0.0.1:5432``) is the
 server; ``--db`` the database's name (dropped and created for each run).
+``--sqlite`` runs on a fresh SQLite file instead (the embedded default: the
+worker is woken through its local socket, ``store/localwake.py``).
 """
 
 from __future__ import annotations
@@ -206,11 +208,12 @@ def run(
     delayq: dict[str, Any],
     sleep_ms: float,
     python: str,
+    sqlite: bool = False,
 ) -> dict[str, Any]:
     """One run against the checkout at ``root``: the latencies' percentiles and the CPU."""
     project = Path(tempfile.mkdtemp(prefix="delayq-pickup-"))
     write_project(project)
-    url = fresh_database(db)
+    url = f"sqlite:///{project / 'pickup.sqlite3'}" if sqlite else fresh_database(db)
     env = {
         **os.environ,
         "PYTHONPATH": f"{root}{os.pathsep}{project}",
@@ -263,7 +266,8 @@ def run(
                 worker.kill()
                 worker.wait()
         log.close()
-        drop_database(db)
+        if not sqlite:
+            drop_database(db)
         shutil.rmtree(project, ignore_errors=True)
     lat = result["lat"]
     return {
@@ -295,6 +299,7 @@ def main() -> None:
         "--delayq", default="{}", help="JSON of DELAYQ settings (default: none, the defaults)"
     )
     parser.add_argument("--db", default="delayq_pickup_probe", help="database name")
+    parser.add_argument("--sqlite", action="store_true", help="a fresh SQLite file, not PostgreSQL")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", action="store_true", help="print every run as JSON too")
     args = parser.parse_args()
@@ -312,6 +317,7 @@ def main() -> None:
                 delayq=json.loads(args.delayq),
                 sleep_ms=args.sleep_ms,
                 python=args.python,
+                sqlite=args.sqlite,
             )
             runs[root].append(result)
             print(

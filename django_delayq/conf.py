@@ -57,7 +57,8 @@ DEFAULTS: dict[str, Any] = {
     # On SIGTERM/SIGINT, how long in-flight handlers may run before their
     # messages are released for redelivery.
     "SHUTDOWN_GRACE": timedelta(seconds=30),
-    # Send NOTIFY on enqueue and LISTEN in idle workers (PostgreSQL only).
+    # Wake idle workers on the commit of an enqueue: NOTIFY and LISTEN on
+    # PostgreSQL, local sockets on SQLite (store/localwake.py).
     "NOTIFY": True,
     # An alias of DATABASES that reaches the queue's database without a
     # connection pooler, for the idle workers' LISTEN. Behind PgBouncer in

@@ -80,6 +80,9 @@ class Features:
     skip_locked_subquery: bool
     #: ``LISTEN``/``NOTIFY``: producers wake idle workers on commit.
     notify: bool
+    #: No ``NOTIFY``, but producers and workers share the machine that holds the
+    #: database file: they wake them through local sockets (``localwake.py``).
+    local_wake: bool
     #: How one JSON document of new rows is expanded into rows.
     json_rows: str  # "jsonb_array_elements", "json_each" or "json_table"
     #: The document holds each payload as a JSON value (else as a JSON string of
@@ -175,6 +178,7 @@ def _features(vendor: str, sqlite_version: tuple[int, ...]) -> Features:
         array_parameters=postgres,
         skip_locked_subquery=postgres,
         notify=postgres,
+        local_wake=sqlite,
         json_rows="jsonb_array_elements" if postgres else "json_table" if mysql else "json_each",
         typed_json_rows=postgres,
         inserted_flag=postgres,

@@ -37,7 +37,7 @@ from django_delayq.exceptions import DelayQError
 from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH, Message
 from django_delayq.status import FINISHED, Status
-from django_delayq.store import server
+from django_delayq.store import localwake, server
 from django_delayq.store.features import Features, features
 from django_delayq.store.rows import returned_columns, rows_from
 from django_delayq.store.sql import statement
@@ -514,9 +514,10 @@ def write(
     written in the order given instead: their ids are their order in their
     group; and each one that an earlier message of its group holds back is
     then marked held (``changes.hold_back``).
-    ``wake`` (PostgreSQL): the NOTIFY body, sent by the insert itself when it
-    created a row. Run it in a transaction when there is more than one chunk,
-    or when the messages are grouped.
+    ``wake``: the wake-up's body (``notify_body``), sent when a row was
+    written: by the insert itself on PostgreSQL (its NOTIFY), on commit to
+    the local workers on SQLite. Run it in a transaction when there is more
+    than one chunk, or when the messages are grouped.
     """
     can = features(connection)
     grouped = groups is not None or bool(shared.group)
@@ -526,10 +527,14 @@ def write(
         out = _write_without_returning(batch, ordered)
     else:
         out = {}
+        riding = wake if can.notify else None
         for chunk in _chunks(ordered, encoded, CHUNK_ROWS, None):
-            out.update(_write_chunk(batch, chunk, wake))
+            out.update(_write_chunk(batch, chunk, riding))
     if grouped:
         _hold_back(connection, out)
+    if wake is not None and can.local_wake:
+        if any(outcome is not Outcome.IGNORED for outcome, _ in out.values()):
+            localwake.on_commit(connection, wake)
     return out
 
 
@@ -791,7 +796,8 @@ def notify_body(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> s
     due (and the NOTIFY would cost every commit a global lock for nothing).
     """
     config = get_config()
-    if not features(connection).notify or not config["NOTIFY"]:
+    can = features(connection)
+    if not (can.notify or can.local_wake) or not config["NOTIFY"]:
         return None
     if due - clock.now() > to_timedelta(config["POLL_INTERVAL"]):
         return None
@@ -799,9 +805,13 @@ def notify_body(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> s
 
 
 def notify(connection: BaseDatabaseWrapper, queue: str, due: datetime) -> None:
-    """Wake idle workers of ``queue`` on PostgreSQL; sent on commit, dropped on rollback."""
+    """Wake idle workers of ``queue``; sent on commit, dropped on rollback (a NOTIFY on
+    PostgreSQL, datagrams to the local workers on SQLite)."""
     body = notify_body(connection, queue, due)
     if body is None:
+        return
+    if features(connection).local_wake:
+        localwake.on_commit(connection, body)
         return
     with connection.cursor() as cursor:
         cursor.execute(statement("notify", features(connection)), [NOTIFY_CHANNEL, body])

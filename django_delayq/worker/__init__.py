@@ -364,7 +364,7 @@ class Worker:
                 ", ".join(self.queues),
                 self.concurrency,
                 "adaptive" if self.claimer.adaptive else self.claimer.batch_size,
-                ", burst" if self.burst else ", LISTEN/NOTIFY" if waker.listening else ", polling",
+                ", burst" if self.burst else f", {waker.how}",
             )
             self._log_wakeup(waker)
             try:

@@ -1,4 +1,5 @@
-"""How an idle worker waits: LISTEN/NOTIFY on PostgreSQL, a timed sleep elsewhere.
+"""How an idle worker waits: LISTEN/NOTIFY on PostgreSQL, a local socket on SQLite
+(``store/localwake.py``), a timed sleep elsewhere.
 
 Either way the sleep ends at the earliest of: a notification, a poke from
 inside the process (a handler slot freed, a shutdown signal), the next known
@@ -17,7 +18,11 @@ import time
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
+
 from django_delayq import clock
+from django_delayq.store import localwake
+from django_delayq.store.features import features
 from django_delayq.worker.listen import Mode, open_listener, relisten
 
 logger = logging.getLogger("django_delayq.worker")
@@ -58,12 +63,40 @@ class Waker:
         self._using = using
         self._lost_at: float | None = None
         self.mode: Mode | None = None
-        if listen:
+        self._local: localwake.Receiver | None = None
+        if listen and features(connections[using]).local_wake:
+            self.mode = self._open_local(using, poll_interval)
+        elif listen:
             self._listener, self.mode = open_listener(using, poll_interval)
+
+    def _open_local(self, using: str, poll_interval: float) -> Mode:
+        where = localwake.directory(connections[using])
+        if where is None:
+            return Mode(False, f"wake-up: polling every {poll_interval:g} s: an in-memory database")
+        try:
+            self._local = localwake.Receiver(where)
+        except OSError as exc:
+            return Mode(
+                False,
+                f"wake-up: polling every {poll_interval:g} s: no local socket in {where}: {exc}",
+                degraded=True,
+            )
+        return Mode(
+            True,
+            f"wake-up: local socket {self._local.path} (pickup within milliseconds of a "
+            f"commit on this machine; polling every {poll_interval:g} s for other writers)",
+        )
 
     @property
     def listening(self) -> bool:
-        return self._listener is not None
+        return self._listener is not None or self._local is not None
+
+    @property
+    def how(self) -> str:
+        """How it wakes, in the worker's start-up line."""
+        if self._listener is not None:
+            return "LISTEN/NOTIFY"
+        return "local wake-ups" if self._local is not None else "polling"
 
     def poke(self) -> None:
         """Wake the waiting thread (safe from threads and signal handlers)."""
@@ -100,6 +133,8 @@ class Waker:
         fds = [self._read_fd]
         if self._listener is not None and listen:
             fds.append(self._listener.fileno())
+        if self._local is not None and listen:
+            fds.append(self._local.fileno())
         ready: list[int] = []
         if timeout > 0:
             try:
@@ -116,6 +151,11 @@ class Waker:
             timeout <= 0 or not listen or self._listener.fileno() in ready
         ):
             self._drain_notifications()
+        if self._local is not None and (
+            timeout <= 0 or not listen or self._local.fileno() in ready
+        ):
+            for body in self._local.drain():
+                self._note(body)
         return timeout > 0 and not ready and not self.notified
 
     def _drain_notifications(self) -> None:
@@ -188,6 +228,9 @@ class Waker:
 
     def close(self) -> None:
         self._close_listener()
+        if self._local is not None:
+            self._local.close()
+            self._local = None
         for fd in (self._read_fd, self._write_fd):
             try:
                 os.close(fd)
