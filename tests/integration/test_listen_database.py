@@ -204,7 +204,9 @@ def test_without_notify_the_worker_says_it_polls(settings, serving_worker, start
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif("connection.vendor != 'mysql'", reason="MariaDB/MySQL poll (SQLite: test_local_wake)")
+@pytest.mark.skipif(
+    "connection.vendor != 'mysql'", reason="MariaDB/MySQL poll (SQLite: test_local_wake)"
+)
 def test_mariadb_says_it_polls(serving_worker, startup_lines):
     serving_worker(["default"])
     line = wait_for(startup_lines, message="the wake-up line")[0]
