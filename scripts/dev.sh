@@ -289,14 +289,15 @@ PGBOUNCER_TESTS=(
 )
 
 run_pgbouncer_suite() {
-  # Every statement through PgBouncer (pool_mode = transaction, a pool of 2,
-  # scripts/ensure-pgbouncer.sh); the workers' LISTEN and the tests that need a
-  # session of their own on the direct alias "direct" (DELAYQ_TEST_DIRECT_URL).
+  # Every statement through PgBouncer (pool_mode = transaction, a pool of 2
+  # server connections per database, scripts/ensure-pgbouncer.sh: each test
+  # process's database has its own); the workers' LISTEN and the tests that
+  # need a session of their own on the direct alias "direct" (DELAYQ_TEST_DIRECT_URL).
   local pooled
   pooled="$(scripts/ensure-pgbouncer.sh "$1")"
   log "core suite through PgBouncer ($pooled, transaction pooling)"
   if ! DATABASE_URL="$pooled" DELAYQ_TEST_DIRECT_URL="$1" "$PY" -m pytest -q -p no:cacheprovider \
-      "${PGBOUNCER_TESTS[@]}"; then
+      "${PARALLEL[@]}" "${PGBOUNCER_TESTS[@]}"; then
     scripts/ensure-pgbouncer.sh stop
     return 1
   fi
