@@ -77,7 +77,8 @@ def send(where: Path, body: bytes) -> int:
     try:
         if not _is_ours(where):
             return 0
-        entries = [e for e in os.scandir(where) if e.name.endswith(".sock")]
+        with os.scandir(where) as found:
+            entries = [e for e in found if e.name.endswith(".sock")]
     except OSError:
         return 0
     sent = 0
@@ -96,11 +97,23 @@ def send(where: Path, body: bytes) -> int:
     return sent
 
 
+def _has_sockets(where: Path) -> bool:
+    try:
+        with os.scandir(where) as entries:
+            return any(entry.name.endswith(".sock") for entry in entries)
+    except OSError:
+        return False
+
+
 def on_commit(connection: BaseDatabaseWrapper, body: str) -> None:
     """Wake the local workers when ``connection``'s transaction commits (at once
-    in autocommit: what was written is committed already)."""
+    in autocommit: what was written is committed already).
+
+    Nothing is registered while no worker waits (no socket): a worker that
+    starts before the commit claims what is due when it starts.
+    """
     where = directory(connection)
-    if where is not None:
+    if where is not None and _has_sockets(where):
         transaction.on_commit(partial(send, where, body.encode()), using=connection.alias)
 
 

@@ -65,6 +65,12 @@ def test_every_way_of_enqueuing_wakes(receiver):
     assert len(bodies(receiver)) == 4
 
 
+def test_no_commit_callback_while_no_worker_waits(db, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        enqueue("default", {})
+    assert callbacks == []
+
+
 def test_no_wake_up_when_notify_is_off(receiver, settings):
     settings.DELAYQ = {**settings.DELAYQ, "NOTIFY": False}
     enqueue("default", {})
