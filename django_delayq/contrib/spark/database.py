@@ -27,7 +27,7 @@ from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan, connect
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
-from django_delayq.store import changes, write
+from django_delayq.store import retention, write
 from django_delayq.store.features import features
 
 ARCHIVE_LOCK = "django_delayq.archive"
@@ -195,7 +195,7 @@ def load_plan(
 
 
 def delete_plan(alias: str) -> DeletePlan:
-    statements = changes.archived_delete(connections[alias])
+    statements = retention.archived_delete(connections[alias])
     return DeletePlan(
         target(alias),
         delete_sql=statements["delete_sql"],
