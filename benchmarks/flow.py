@@ -18,7 +18,7 @@ one):
   database server (the worker's backends, read from ``/proc`` when the
   server is on this machine). The cases take turns, ``--repeat`` times;
   the tables show medians.
-* **Claims**: the time of one claim (``changes.claim``, or
+* **Claims**: the time of one claim (``claim.claim``, or
   ``limits.claim_limited`` for a limited queue, ten messages asked for),
   median and 95th percentile of ``--claims`` calls, on another queue and on
   the limited or grouped queue itself, in three situations: the baseline
@@ -401,7 +401,7 @@ LEASE = dt.timedelta(seconds=60)
 def claim_call(queue: str) -> Callable[[], tuple[list[int], bool]]:
     """One claim of ``queue`` as the worker makes it: (the ids claimed, held back)."""
     from django_delayq.flow import limits_of
-    from django_delayq.store import changes, limits
+    from django_delayq.store import claim, limits
 
     scopes = limits_of(queue)
     if scopes:
@@ -413,7 +413,7 @@ def claim_call(queue: str) -> Callable[[], tuple[list[int], bool]]:
         return limited
 
     def plain() -> tuple[list[int], bool]:
-        got = changes.claim([queue], CLAIM, worker=WORKER, lease=LEASE)
+        got = claim.claim([queue], CLAIM, worker=WORKER, lease=LEASE)
         return [m.pk for m in got.messages], False
 
     return plain
@@ -464,7 +464,7 @@ def summary(times: list[float]) -> dict[str, float]:
 
 
 def measure_claims(table: Table, calls: int) -> dict[str, dict[str, float]]:
-    from django_delayq.store import changes
+    from django_delayq.store import groups
 
     out: dict[str, dict[str, float]] = {}
     for key, _label, queue, state in CLAIMS:
@@ -485,8 +485,8 @@ def measure_claims(table: Table, calls: int) -> dict[str, dict[str, float]]:
         if key == "throttled":
             table.clear_starts()
         sql("VACUUM django_delayq_message")
-    for key, _label, groups in GROUP_CALLS:
-        release = functools.partial(changes.release_groups, groups)
+    for key, _label, pairs in GROUP_CALLS:
+        release = functools.partial(groups.release_groups, pairs)
         out[key] = summary(timed(release, lambda _: None, calls // 3))
         out[key].update(on_server(release, lambda _: None))
     return out
@@ -614,7 +614,7 @@ def interesting(statement: str) -> bool:
 
 def plans(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, str]]]]:
     """The plans of every claim and group statement of part 2, in each situation."""
-    from django_delayq.store import changes
+    from django_delayq.store import groups
 
     table = Table(args.backlog)
     table.baseline()
@@ -636,8 +636,8 @@ def plans(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, str]]]
             if state == "idle":
                 table.postpone(queue, -1)
             table.clear_starts()
-        for key, _label, groups in GROUP_CALLS:
-            _, statements = captured(functools.partial(changes.release_groups, groups))
+        for key, _label, pairs in GROUP_CALLS:
+            _, statements = captured(functools.partial(groups.release_groups, pairs))
             out[situation][key] = plans_of(statements)
         vacuum()
         for key, found in out[situation].items():

@@ -36,12 +36,12 @@ def _settings_changed(**kwargs: object) -> None:
     if kwargs.get("setting") not in (None, "DELAYQ"):
         return
     from django_delayq import conf, retry
-    from django_delayq.store import changes
+    from django_delayq.store import claim
 
     conf.clear_cache(**kwargs)
     retry.get_default_policy.cache_clear()
     # Compiled claims depend on the queues' settings (GROUP_AFTER_FAILURE).
-    changes.forget_compiled_claims()
+    claim.forget_compiled_claims()
 
 
 def _install_task_backends() -> None:

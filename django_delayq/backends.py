@@ -505,7 +505,7 @@ def to_task_result(
 
 def _record(message: Message, **outcome: Any) -> bool:
     """Add to the message's payload while this worker still holds it."""
-    from django_delayq.store import changes
+    from django_delayq.store import leases
 
     assert message.lock_token is not None
     payload = dict(message.payload)
@@ -514,7 +514,7 @@ def _record(message: Message, **outcome: Any) -> bool:
         payload["started_at"] = message.last_attempt_time.isoformat()
     payload.update(outcome)
     encode_payload(payload)  # NaN, NUL or an oversized result fail the attempt, as its error
-    written = changes.write_payload(message.pk, message.lock_token, payload)
+    written = leases.write_payload(message.pk, message.lock_token, payload)
     if written:
         message.payload = payload
     return bool(written)

@@ -8,7 +8,7 @@ Instead, inherit :class:`QueueFields`: the model gets the queue columns
 ``locked_by``) and the claim index, and a handler registered with
 ``@handler("invoices", model=Invoice)`` is run by ``run_delayq`` with the
 same claim, lease, retry, time-limit and shutdown rules as messages
-(``store/changes.py`` and ``worker/`` take the model as a parameter)::
+(``store/`` and ``worker/`` take the model as a parameter)::
 
     from django_delayq import handler
     from django_delayq.entity import QueueFields
@@ -42,7 +42,7 @@ from django_delayq import clock
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import ACTIVE_STATUS_VALUES, FINISHED_STATUS_VALUES, QueueColumns
 from django_delayq.status import Status
-from django_delayq.store import changes
+from django_delayq.store import queue_fields
 from django_delayq.store.queries import QueueQuerySet
 from django_delayq.store.write import notify
 
@@ -82,7 +82,7 @@ class EntityQuerySet(QueueQuerySet[Any]):
         when = resolve_run_at(run_at, delay, clock.now())
         alias = self.db
         with transaction.atomic(using=alias):
-            changed = changes.schedule(self, when)
+            changed = queue_fields.schedule(self, when)
             if changed:
                 _notify(self.model, alias, when)
         return changed
@@ -144,9 +144,9 @@ class QueueFields(QueueColumns):
         if kwargs.get("update_fields") is None and not args and not kwargs.get("force_insert"):
             using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
             if not self._state.adding and using == self._state.db:
-                kwargs["update_fields"] = changes.plain_save_fields(self)
+                kwargs["update_fields"] = queue_fields.plain_save_fields(self)
         super().save(*args, **kwargs)
-        changes.saved(self)
+        queue_fields.saved(self)
 
     def schedule(
         self,
@@ -169,12 +169,12 @@ class QueueFields(QueueColumns):
 
         when = resolve_run_at(run_at, delay, clock.now())
         if not save:
-            changes.mark_scheduled(self, when)
+            queue_fields.mark_scheduled(self, when)
             return
         model = type(self)
         alias = using or router.db_for_write(model, instance=self)
         with transaction.atomic(using=alias):
-            if not changes.schedule_row(self, when, using=alias):
+            if not queue_fields.schedule_row(self, when, using=alias):
                 raise RowHeld(
                     f"{model._meta.label} {self.pk} is running under a worker's lease "
                     "(or was deleted); raise Retry(delay=...) in its handler to run it "

@@ -17,7 +17,7 @@ worker claims from the same table:
   (their ids). A message waiting for its retry blocks its group; so does a
   failed one, unless the queue says ``"GROUP_AFTER_FAILURE": "continue"``.
 
-The claim enforces them itself (``store.changes.claim_limited``, under a
+The claim enforces them itself (``store.limits.claim_limited``, under a
 row lock per limit; groups in the claim's own pick), never a check followed
 by a claim, so workers started at the same instant cannot overshoot. This
 module parses and resolves the configuration; a handler's option applies to

@@ -27,7 +27,7 @@ from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import WORKER_NAME_MAX_LENGTH, Message, WorkerState
 from django_delayq.routers import queue_alias
-from django_delayq.store import changes
+from django_delayq.store import leases
 from django_delayq.values import check_text
 
 logger = logging.getLogger("django_delayq.worker")
@@ -83,7 +83,7 @@ def register(
     }
     rows = WorkerState.objects.using(alias)
     if rows.filter(name=name).exists():
-        released = changes.release_workers([name], using=alias).get(name, 0)
+        released = leases.release_workers([name], using=alias).get(name, 0)
         if released:
             logger.warning(
                 "an earlier worker named %s left %d message(s) running; released them",
@@ -154,7 +154,7 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
         from django_delayq.store.server import process_alive
 
         dead = [name for name in dead if not process_alive(name)]
-    released = changes.release_workers(dead, using=alias)
+    released = leases.release_workers(dead, using=alias)
     for name, count in released.items():
         logger.warning(
             "worker %s stopped sending heartbeats; released %d message(s) it held", name, count

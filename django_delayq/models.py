@@ -1,9 +1,10 @@
 """The queue tables: their columns, constraints and indexes, and nothing else.
 
 Every read and write of the queue columns goes through ``store/`` (the
-QuerySet verbs of ``store.queries``, the state changes of ``store.changes``,
-new messages through ``store.write``), so the indexes below are reviewed
-against one set of statements. ``QueueColumns`` is the one definition of
+QuerySet verbs of ``store.queries``, the state changes of its modules by
+concern: ``store.claim``, ``store.settle``, ``store.leases``,
+``store.groups``, ..., new messages through ``store.write``), so the
+indexes below are reviewed against one set of statements. ``QueueColumns`` is the one definition of
 the columns a queued row has: ``Message`` and the models that inherit
 ``entity.QueueFields`` both build on it.
 """

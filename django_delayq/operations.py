@@ -11,7 +11,7 @@ loaded into Python, so "all 800,000 matching" costs two statements.
 **Running messages are refused** by every operation that would change their
 status, due time or lock: while a worker holds a valid lease its
 acknowledgement is a compare-and-set on ``(id, lock_token, status='running')``
-(``store/changes.py``), and an operator must not pull a message out from
+(``store/settle.py``), and an operator must not pull a message out from
 under it. Leases are judged by the database's clock, the one every lease is
 written with, not by the web server's.
 A ``running`` row whose lease has *expired* is different: its worker is gone
@@ -50,7 +50,7 @@ from django_delayq.enqueuing import check_priority, resolve_run_at
 from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
 from django_delayq.routers import model_alias, queue_alias
-from django_delayq.store import changes
+from django_delayq.store import groups, operators
 from django_delayq.store.queries import QueueQuerySet, categories
 from django_delayq.store.write import notify
 from django_delayq.values import is_int_between
@@ -201,10 +201,10 @@ def _apply(
             # What the change finishes (or deletes, or makes due) may let the
             # next message of an ordered group go.
             in_groups = any(row.get(GROUPED) for row in rows)
-            groups = changes.groups_of(queryset.filter(eligible)) if in_groups else set()
+            affected = groups.groups_of(queryset.filter(eligible)) if in_groups else set()
             changed = write(queryset.filter(eligible), now)
-            if groups:
-                changes.release_groups(groups, using=alias)
+            if affected:
+                groups.release_groups(affected, using=alias)
             if wake is not None and changed:
                 queues = [
                     r["queue"] for r in rows if r["queue"] and any(r[n] for n in plan.eligible)
@@ -231,7 +231,7 @@ def run_now(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationR
     them behind messages due since). Running and finished messages are
     skipped; use :func:`retry_failed` for failed or cancelled ones.
     """
-    return _apply(queryset, _RUN_NOW, changes.run_now, dry_run=dry_run, wake=clock.now())
+    return _apply(queryset, _RUN_NOW, operators.run_now, dry_run=dry_run, wake=clock.now())
 
 
 def retry_failed(
@@ -250,7 +250,7 @@ def retry_failed(
         )
 
     def write(rows: QuerySet[Message], now: Expression) -> int:
-        return changes.retry(rows, extra_attempts, now)
+        return operators.retry(rows, extra_attempts, now)
 
     return _apply(queryset, _RETRY, write, dry_run=dry_run, wake=clock.now())
 
@@ -261,7 +261,7 @@ def cancel(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationRe
     A running message is refused while its lease is valid (its worker would
     otherwise finish it anyway); one whose lease expired is cancelled.
     """
-    return _apply(queryset, _WAITING, changes.cancel, dry_run=dry_run)
+    return _apply(queryset, _WAITING, operators.cancel, dry_run=dry_run)
 
 
 def reschedule(
@@ -280,7 +280,7 @@ def reschedule(
     when = resolve_run_at(run_at, delay, clock.now())
 
     def write(rows: QuerySet[Message], now: Expression) -> int:
-        return changes.reschedule(rows, when, now)
+        return operators.reschedule(rows, when, now)
 
     return _apply(queryset, _WAITING, write, dry_run=dry_run, wake=when)
 
@@ -297,7 +297,7 @@ def reprioritise(
         raise TypeError(f"{queryset.model.__name__} has no priority column to change")
 
     def write(rows: QuerySet[Message], now: Expression) -> int:
-        return changes.reprioritise(rows, priority, now)
+        return operators.reprioritise(rows, priority, now)
 
     return _apply(queryset, _REPRIORITISE, write, dry_run=dry_run)
 
@@ -306,7 +306,7 @@ def delete(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationRe
     """Delete messages, except running ones whose worker still holds the lease."""
 
     def write(rows: QuerySet[Message], now: Expression) -> int:
-        return changes.delete(rows)
+        return operators.delete(rows)
 
     return _apply(queryset, _DELETE, write, dry_run=dry_run)
 

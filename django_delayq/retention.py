@@ -1,6 +1,6 @@
 """Removing finished messages once their retention (``DELAYQ["RETENTION"]``) has passed.
 
-The policy lives here; the bounded batched delete is ``store.changes.prune``.
+The policy lives here; the bounded batched delete is ``store.retention.prune``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django_delayq.conf import (
     get_config,
     to_timedelta,
 )
-from django_delayq.store import changes
+from django_delayq.store import retention as store_retention
 
 
 def prune(
@@ -38,7 +38,7 @@ def prune(
         "DELAYQ['PRUNE_BATCH_SIZE']" if batch_size is None else "batch_size",
         MAX_PRUNE_BATCH_SIZE,
     )
-    return changes.prune(
+    return store_retention.prune(
         clock.now() - retention,
         batch_size=size,
         max_batches=max_batches,

@@ -133,7 +133,7 @@ def run_pending(
     """
     from django_delayq.queues import paused_queues
     from django_delayq.registry import registry
-    from django_delayq.store import changes
+    from django_delayq.store import claim
     from django_delayq.worker import resolve_queues
     from django_delayq.worker.execute import Result, execute
 
@@ -171,11 +171,11 @@ def run_pending(
                         "do handlers keep enqueueing due messages? (raise limit= if not)"
                     )
                 break
-            batch = changes.claim(message_queues, 1, worker=WORKER_NAME, lease=lease, using=alias)
+            batch = claim.claim(message_queues, 1, worker=WORKER_NAME, lease=lease, using=alias)
             for spec in row_specs:
                 if batch.messages:
                     break
-                batch = changes.claim(
+                batch = claim.claim(
                     [spec.queue],
                     1,
                     worker=WORKER_NAME,

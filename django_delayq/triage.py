@@ -1,6 +1,6 @@
 """Failure triage: failed and retrying messages grouped by error fingerprint.
 
-``store.changes.fail`` stores a fingerprint of every recorded error
+``store.settle.fail`` stores a fingerprint of every recorded error
 (``fingerprint.py``), so a group is one indexed value: grouping is one
 ``GROUP BY`` answered from ``delayq_fingerprint_idx`` alone, and acting on a
 group is a set-based operation (``operations.py``) on the rows with that
@@ -23,7 +23,7 @@ from django_delayq.fingerprint import normalise, normalise_message, split_error
 from django_delayq.models import Message
 from django_delayq.payload import check_payload, check_text_depth
 from django_delayq.routers import queue_alias
-from django_delayq.store import changes
+from django_delayq.store import operators
 from django_delayq.store.queries import MessageQuerySet
 
 S = Message.Status
@@ -208,7 +208,7 @@ def edit_payload_and_retry(
     check_payload(payload)
     alias = queue_alias(using)
     with transaction.atomic(using=alias):
-        if not changes.replace_failed_payload(message_id, payload, using=alias):
+        if not operators.replace_failed_payload(message_id, payload, using=alias):
             return False
         target = Message.objects.using(alias).filter(pk=message_id)
         result = operations.retry_failed(target, extra_attempts=extra_attempts)

@@ -37,7 +37,7 @@ from django_delayq.admin import actions
 from django_delayq.admin.messages import OverdueFilter, RetryingFilter
 from django_delayq.entity import QueueFields
 from django_delayq.operations import has_priority
-from django_delayq.store import changes
+from django_delayq.store import operators, queue_fields
 
 #: The actions the mixin adds, by name (``actions.OPERATIONS``).
 QUEUE_ACTIONS = ("run_now", "retry_failed", "cancel", "reschedule", "reprioritise")
@@ -118,8 +118,10 @@ class QueueAdminMixin:
         if not change:
             super().save_model(request, obj, form, change)  # type: ignore[misc]
             return
-        own = {f.name for f in obj._meta.concrete_fields} - changes.QUEUE_COLUMN_NAMES
-        changes.edit(obj, [name for name in form.changed_data if name in own], using=obj._state.db)
+        own = {f.name for f in obj._meta.concrete_fields} - queue_fields.QUEUE_COLUMN_NAMES
+        operators.edit(
+            obj, [name for name in form.changed_data if name in own], using=obj._state.db
+        )
 
     @admin.display(description="last error")
     def error_summary(self, obj: QueueFields) -> str:

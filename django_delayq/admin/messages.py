@@ -53,7 +53,7 @@ from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN,
 from django_delayq.payload import check_payload, check_text_depth
 from django_delayq.registry import max_attempts_of, registry
 from django_delayq.status import Status
-from django_delayq.store import changes, queries
+from django_delayq.store import operators, queries
 from django_delayq.store.queries import due_condition, retrying_condition
 from django_delayq.values import escape_surrogates
 
@@ -907,7 +907,7 @@ class MessageAdmin(admin.ModelAdmin):
 
         A kind sent for a message that runs by now (the page was loaded before
         its claim) is not written: the form left it out, or the edit is refused
-        whole if the claim came while this request ran (``changes.EditRefused``).
+        whole if the claim came while this request ran (``operators.EditRefused``).
         """
         sent = request.POST.get("kind")
         if "kind" not in form.fields and sent is not None and sent != obj.kind:
@@ -915,8 +915,8 @@ class MessageAdmin(admin.ModelAdmin):
                 request, _("The kind was not changed: %s.") % KIND_LOCKED, level="WARNING"
             )
         try:
-            changes.edit(obj, [f for f in form.changed_data if f in MessageForm.Meta.fields])
-        except changes.EditRefused:
+            operators.edit(obj, [f for f in form.changed_data if f in MessageForm.Meta.fields])
+        except operators.EditRefused:
             request._delayq_edit_refused = True  # type: ignore[attr-defined]
             self.message_user(request, _("Nothing was saved: %s.") % KIND_LOCKED, level="ERROR")
 

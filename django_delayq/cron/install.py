@@ -10,7 +10,7 @@ for a retry) are never deleted by an installer: an occurrence that began is
 left to finish.
 
 Reads go through the QuerySet verbs (``ticks``, ``untouched``), deletes and
-cancellations through ``store.changes``, new ticks through ``enqueue``.
+cancellations through ``store.ticks``, new ticks through ``enqueue``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from django_delayq.cron.spec import (
 )
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
-from django_delayq.store import changes
+from django_delayq.store import ticks
 from django_delayq.store.server import is_transient
 
 # Tries per schedule when installers deadlock with each other.
@@ -123,7 +123,7 @@ def install_schedules(
     if names is None:
         orphans = [r.id for r in rows if r.untouched and r.name not in schedules]
         if orphans:
-            report.removed = changes.delete_ticks(orphans, using=alias)
+            report.removed = ticks.delete_ticks(orphans, using=alias)
             logger.info("removed %d pending tick(s) of removed schedules", report.removed)
 
     for sched in selected.values():
@@ -192,9 +192,9 @@ def _install_one(
     replaced = missed = created = 0
     with transaction.atomic(using=alias):
         if stale:
-            replaced = changes.delete_ticks(stale, using=alias)
+            replaced = ticks.delete_ticks(stale, using=alias)
         if plan.cancel:
-            missed = changes.cancel_ticks(
+            missed = ticks.cancel_ticks(
                 plan.cancel,
                 reason=missed_reason(sched),
                 now=now,
@@ -255,7 +255,7 @@ def uninstall_schedules(names: Iterable[str] | None = None, *, using: str | None
             condition |= Q(key__startswith=prefix)
         qs = qs.filter(condition)
     ids = [pk for pk, key in qs.values_list("id", "key") if parse_key(key)]
-    return changes.delete_ticks(ids, using=alias)
+    return ticks.delete_ticks(ids, using=alias)
 
 
 # -- overview (delayq_cron list, the admin) -----------------------------------------
@@ -288,9 +288,9 @@ def schedule_overview(
     qs = Message.objects.using(alias)
     out = []
     for sched in get_schedules().values():
-        ticks = qs.filter(queue=sched.queue, key__startswith=sched.name_prefix)
+        its_ticks = qs.filter(queue=sched.queue, key__startswith=sched.name_prefix)
         last = (
-            ticks.filter(last_attempt_time__isnull=False)
+            its_ticks.filter(last_attempt_time__isnull=False)
             .order_by("-last_attempt_time")
             .only("key", "status", "attempt_count", "last_attempt_time", "last_error")
             .first()
@@ -311,7 +311,7 @@ def schedule_overview(
                 source=sched.source,
                 config_hash=sched.config_hash,
                 next_runs=sched.next_ticks(now, count),
-                installed=ticks.filter(
+                installed=its_ticks.filter(
                     status=Message.Status.PENDING, key__startswith=sched.key_prefix
                 ).count(),
                 last_run=last.last_attempt_time if last is not None else None,

@@ -23,7 +23,7 @@ from typing import Any
 from django_delayq.cron.spec import KEY_PREFIX, get_schedules, missed_reason, parse_key
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import ticks
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -63,7 +63,7 @@ def skip_missed(
         # installer would install the latest one if it were missing, and
         # cancel every earlier one: exactly one runs, whichever comes first).
         return False
-    if not changes.miss_tick(message.pk, token, reason=missed_reason(sched), using=using):
+    if not ticks.miss_tick(message.pk, token, reason=missed_reason(sched), using=using):
         return True  # claimed again by someone else meanwhile: theirs to judge
 
     def announce() -> None:

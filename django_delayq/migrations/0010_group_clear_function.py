@@ -1,7 +1,7 @@
 """The claim's ordered-group condition as a server-side function, on PostgreSQL.
 
 ``delayq_group_clear`` holds the two probes that the claim ran as subqueries
-(see ``store.changes.group_clear``): the server keeps a function's plan per
+(see ``store.groups.group_clear``): the server keeps a function's plan per
 connection, while the subqueries were planned again with every claim. Other
 databases keep the subqueries; there this migration does nothing.
 """
@@ -10,13 +10,13 @@ from django.db import migrations
 
 
 def create(apps, schema_editor):
-    from django_delayq.store.changes import install_group_function
+    from django_delayq.store.groups import install_group_function
 
     install_group_function(schema_editor.connection)
 
 
 def drop(apps, schema_editor):
-    from django_delayq.store.changes import install_group_function
+    from django_delayq.store.groups import install_group_function
 
     install_group_function(schema_editor.connection, remove=True)
 

@@ -13,13 +13,13 @@ from django.db import migrations, models
 
 
 def create(apps, schema_editor):
-    from django_delayq.store.changes import install_holder_function
+    from django_delayq.store.groups import install_holder_function
 
     install_holder_function(schema_editor.connection)
 
 
 def drop(apps, schema_editor):
-    from django_delayq.store.changes import install_holder_function
+    from django_delayq.store.groups import install_holder_function
 
     install_holder_function(schema_editor.connection, remove=True)
 

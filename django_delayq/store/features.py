@@ -118,7 +118,7 @@ class Features:
     #: ``RETURNING``).
     bulk_writer: str  # "copy", "existing_keys" or "insert_ignore"
     #: How an executor deletes archived rows still at their archived version
-    #: (``store.changes.archived_delete``'s statements): one ``DELETE`` on id
+    #: (``store.retention.archived_delete``'s statements): one ``DELETE`` on id
     #: arrays that re-checks each row's version itself (``array_parameters``);
     #: else read the current versions, compare them and delete by id, in a
     #: transaction that locks the rows it reads (``FOR UPDATE``) or, where there

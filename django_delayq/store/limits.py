@@ -39,7 +39,7 @@ from django_delayq.flow import Rate, Scope
 from django_delayq.models import FlowStart, FlowState, Message
 from django_delayq.routers import queue_alias
 from django_delayq.status import Status
-from django_delayq.store.changes import Claim, claim
+from django_delayq.store.claim import Claim, claim
 from django_delayq.store.features import features
 from django_delayq.store.queries import claimable_condition
 
@@ -84,7 +84,7 @@ def claim_limited(
 ) -> LimitedClaim:
     """Claim up to ``limit`` due messages of ``queues`` within every limit of ``scopes``.
 
-    ``kinds`` narrows the claim as :func:`changes.claim` does (a limited
+    ``kinds`` narrows the claim as :func:`claim.claim` does (a limited
     kind is claimed apart from the rest of its queue).
     """
     alias = queue_alias(using)

@@ -39,6 +39,7 @@ from django_delayq.models import KEY_MAX_LENGTH, Message
 from django_delayq.status import FINISHED, Status
 from django_delayq.store import localwake, server
 from django_delayq.store.features import Features, features
+from django_delayq.store.groups import hold_back, hold_back_loaded
 from django_delayq.store.rows import returned_columns, rows_from
 from django_delayq.store.sql import statement
 
@@ -378,7 +379,7 @@ class BulkLoad:
     table_sql: str = ""
     update_sql: str = ""
     # Grouped rows: what holds back the written messages that wait behind their
-    # group (changes.hold_back_loaded), run after the insert in its transaction.
+    # group (groups.hold_back_loaded), run after the insert in its transaction.
     hold_back_sql: str = ""
     hold_back_params: tuple[Any, ...] = ()
 
@@ -427,9 +428,7 @@ def bulk_load(
     params = _plain(built.params(shared, connection))
     hold_back_sql, hold_back_params = "", ()
     if grouped:
-        from django_delayq.store import changes
-
-        hold_back_sql, hold = changes.hold_back_loaded(
+        hold_back_sql, hold = hold_back_loaded(
             connection, shared.queue, statement("loaded_keys", can), shared.updated_at
         )
         hold_back_params = _plain(hold)
@@ -513,7 +512,7 @@ def write(
     Grouped messages (the template's group, or ``groups``: each key's) are
     written in the order given instead: their ids are their order in their
     group; and each one that an earlier message of its group holds back is
-    then marked held (``changes.hold_back``).
+    then marked held (``groups.hold_back``).
     ``wake``: the wake-up's body (``notify_body``), sent when a row was
     written: by the insert itself on PostgreSQL (its NOTIFY), on commit to
     the local workers on SQLite. Run it in a transaction when there is more
@@ -540,10 +539,8 @@ def write(
 
 def _hold_back(connection: BaseDatabaseWrapper, out: Written) -> None:
     """Mark held the written messages that an earlier message of their group holds back."""
-    from django_delayq.store import changes
-
     written = {m.pk: m for o, m in out.values() if o is not Outcome.IGNORED and m.group}
-    for pk in changes.hold_back(written, using=connection.alias):
+    for pk in hold_back(written, using=connection.alias):
         written[pk].next_attempt_time = None
 
 

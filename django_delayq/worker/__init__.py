@@ -44,7 +44,7 @@ from django_delayq.health import Health, HealthServer
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, registry
 from django_delayq.routers import queue_alias
-from django_delayq.store import changes
+from django_delayq.store import groups, leases
 from django_delayq.store.features import features
 from django_delayq.worker.acks import Settler
 from django_delayq.worker.aio import EventLoop
@@ -211,7 +211,7 @@ class Worker:
             )
         specs = [s for q in self.queues for s in registry.for_queue(q)]
         default_lease = to_timedelta(config["LEASE"])
-        leases = {(s.queue, s.kind): s.effective_lease() for s in specs}
+        handler_leases = {(s.queue, s.kind): s.effective_lease() for s in specs}
         time_limits = {(s.queue, s.kind): s.effective_time_limit() for s in specs}
         self.book = Book(make_lanes(self.queues, specs, self.concurrency))
         self.claimer = Claimer(
@@ -225,7 +225,7 @@ class Worker:
             if config["CLAIM_DELAY"] is None
             else to_timedelta(config["CLAIM_DELAY"]).total_seconds(),
             default_lease=default_lease,
-            leases=leases,
+            leases=handler_leases,
             time_limits=time_limits,
         )
         #: Every thread of the worker reports its death here; the claim loop
@@ -245,7 +245,7 @@ class Worker:
             queues=self.queues,
             concurrency=self.concurrency,
             using=self.using,
-            leases=[*leases.values(), default_lease],
+            leases=[*handler_leases.values(), default_lease],
             time_limits=[t for t in time_limits.values() if t is not None],
             heartbeat_interval=heartbeat,
             replace_executor=lambda thread: self.runner.replace(thread),
@@ -547,13 +547,13 @@ class Worker:
     # -- shutdown -------------------------------------------------------------
 
     def _release(self, items: list[InFlight], *, started: bool) -> int:
-        groups: dict[tuple[object, type], list[int]] = {}
+        by_claim: dict[tuple[object, type], list[int]] = {}
         for item in items:
-            groups.setdefault((item.token, item.lane.model), []).append(item.row.pk)
+            by_claim.setdefault((item.token, item.lane.model), []).append(item.row.pk)
         released = 0
-        for (token, model), ids in groups.items():
+        for (token, model), ids in by_claim.items():
             try:
-                released += changes.release(
+                released += leases.release(
                     ids,
                     token,  # type: ignore[arg-type]
                     started=started,
@@ -570,7 +570,7 @@ class Worker:
             # The other workers take them now, not at their next poll.
             queues = {item.row.queue for item in items if item.lane.model is Message}
             try:
-                changes.wake(queues, using=self.using)
+                groups.wake(queues, using=self.using)
             except DB_ERRORS:
                 logger.warning("could not wake the other workers", exc_info=True)
         return released

@@ -5,7 +5,7 @@ acknowledgement per message (the commit waits for the write-ahead log to
 reach the disk). Instead, executor threads hand each success of a non-atomic
 handler to the :class:`Settler` and move on to the next message; its thread
 commits everything handed to it in one compare-and-set statement
-(``changes.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the first of
+(``settle.ack_held``) at most ``DELAYQ["ACK_DELAY"]`` after the first of
 them, or as soon as ``max_size`` are waiting, then logs and signals each
 success (after the commit, as for a single acknowledgement).
 
@@ -19,7 +19,7 @@ else's; one locked row never holds up the others.
 Until its outcome commits, a message stays in the worker's book (settling):
 its lease keeps being extended, so no other worker takes it meanwhile. Only
 then is it forgotten (``settled``). A connection lost with a commit's reply
-is told from a lost lease by reading the row (``changes.states``).
+is told from a lost lease by reading the row (``leases.states``).
 
 What batching does not change: an acknowledgement is still a compare-and-set
 on ``(id, lock_token)``; atomic handlers still commit their writes and their
@@ -47,7 +47,7 @@ from django.db import DatabaseError, InterfaceError, connections, reset_queries
 
 from django_delayq import guard
 from django_delayq.logs import who
-from django_delayq.store import changes
+from django_delayq.store import leases, settle
 from django_delayq.worker.background import Supervisor
 from django_delayq.worker.execute import Result, lease_lost, record_success
 from django_delayq.worker.inflight import InFlight
@@ -272,7 +272,7 @@ class Settler:
     ) -> bool:
         held = by_token((a.item.row, a.item.token) for a in acks)
         try:
-            mine = changes.ack_held(held, using=self.using, skip_locked=True)
+            mine = settle.ack_held(held, using=self.using, skip_locked=True)
         except (DatabaseError, InterfaceError):
             logger.warning(
                 "could not record the success of %d message(s); trying again",
@@ -337,22 +337,22 @@ class Settler:
         guard.call(f"announcing the outcome of {who(item.row)}", outcome.announce, log=logger)
         done.append((item, outcome.result, outcome.elapsed))
 
-    def _states(self, items: list[InFlight]) -> dict[Any, changes.RowState]:
+    def _states(self, items: list[InFlight]) -> dict[Any, leases.RowState]:
         by_model: dict[type, list[Any]] = defaultdict(list)
         for item in items:
             by_model[item.lane.model].append(item.row.pk)
-        found: dict[Any, changes.RowState] = {}
+        found: dict[Any, leases.RowState] = {}
         for model, ids in by_model.items():
-            found.update(changes.states(ids, using=self.using, model=model))
+            found.update(leases.states(ids, using=self.using, model=model))
         return found
 
 
-def _ended(state: changes.RowState | None, item: InFlight) -> bool:
+def _ended(state: leases.RowState | None, item: InFlight) -> bool:
     return state is not None and state.ended(item.token, item.row.last_attempt_time)
 
 
 def by_token(items: Iterable[tuple[Any, uuid.UUID]]) -> dict[uuid.UUID, list[Any]]:
-    """The ids of ``(row, token)`` pairs by lock token (``changes.ack_held``'s)."""
+    """The ids of ``(row, token)`` pairs by lock token (``settle.ack_held``'s)."""
     held: defaultdict[uuid.UUID, list[Any]] = defaultdict(list)
     for row, token in items:
         held[token].append(row.pk)

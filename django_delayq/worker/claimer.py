@@ -41,7 +41,7 @@ from datetime import datetime, timedelta
 from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
-from django_delayq.store import changes, limits, queries
+from django_delayq.store import claim, limits, queries
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.wakeup import Waker
 
@@ -67,7 +67,7 @@ CLAIM_WINDOW = 0.1
 
 # The sizes a claim is rounded down to when it asks for less than a whole
 # batch. The claim statement is compiled once per size and kept
-# (store.changes): a size of its own for each claim (an adaptive batch follows
+# (store.claim): a size of its own for each claim (an adaptive batch follows
 # the handlers' moving average, and the room left beside what a lane holds
 # changes with every message) compiled the statement again with the ORM at
 # almost every claim, 3-4 ms of CPU on the claim loop before the message was
@@ -188,7 +188,7 @@ class Claimer:
                 result = self._claim_limited(lane, queues, limit)
             else:
                 limit = claim_size(limit, batch)
-                result = changes.claim(
+                result = claim.claim(
                     queues,
                     limit,
                     worker=self.name,
@@ -214,7 +214,7 @@ class Claimer:
             time.sleep(0)
         return total
 
-    def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> changes.Claim:
+    def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> claim.Claim:
         """Claim under the lane's global limits; when they hold messages back, the lane
         waits: until the rate's window frees a start, or (a cap) ``CAP_RECHECK``, or
         until one of its own messages ends."""

@@ -39,7 +39,7 @@ from django_delayq.logs import message_fields, who
 from django_delayq.models import Message
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
-from django_delayq.store import changes
+from django_delayq.store import groups, leases, settle
 from django_delayq.values import escape_surrogates
 from django_delayq.worker import aio
 from django_delayq.worker.background import DB_ERRORS
@@ -285,7 +285,7 @@ def execute(
                         "the handler returned after a database error in its transaction "
                         "(caught and not raised again?); none of its writes can commit"
                     )
-                if group_acks is None and not changes.ack(
+                if group_acks is None and not settle.ack(
                     [message.pk], token, using=using, model=type(message)
                 ):
                     raise _LeaseLost
@@ -360,7 +360,7 @@ def execute(
         return DEFERRED
 
     def acknowledge(skip_locked: bool) -> int:
-        return changes.ack(
+        return settle.ack(
             [message.pk], token, using=using, model=type(message), skip_locked=skip_locked
         )
 
@@ -426,7 +426,7 @@ def _write(
         _announce(later, announce)
         return result
     if skip or resent:
-        state = changes.states([message.pk], using=using, model=type(message)).get(message.pk)
+        state = leases.states([message.pk], using=using, model=type(message)).get(message.pk)
         if state is not None and state.holds(token):
             if blocked and settler is None:
                 return _Unwritten.BLOCKED
@@ -489,7 +489,7 @@ def _group_goes_on(message: Message, using: str) -> None:
     if not group:
         return
     try:
-        changes.release_groups([(message.queue, group)], using=using)
+        groups.release_groups([(message.queue, group)], using=using)
     except DB_ERRORS:
         logger.warning(
             "could not let group %s of queue %s go on; the groups' sweep will",
@@ -595,10 +595,10 @@ _GIVEN_UP = frozenset({Result.FAILED, Result.DISCARDED})
 
 # What records each outcome but success, the signal that announces it and its log level.
 _OUTCOMES: dict[Result, tuple[Callable[..., int], Signal, int]] = {
-    Result.SNOOZED: (changes.snooze, signals.message_retried, logging.INFO),
-    Result.RETRYING: (changes.fail, signals.message_retried, logging.WARNING),
-    Result.FAILED: (changes.fail, signals.message_failed, logging.ERROR),
-    Result.DISCARDED: (changes.fail, signals.message_discarded, logging.INFO),
+    Result.SNOOZED: (settle.snooze, signals.message_retried, logging.INFO),
+    Result.RETRYING: (settle.fail, signals.message_retried, logging.WARNING),
+    Result.FAILED: (settle.fail, signals.message_failed, logging.ERROR),
+    Result.DISCARDED: (settle.fail, signals.message_discarded, logging.INFO),
 }
 
 
@@ -617,7 +617,7 @@ def _record(
     exc_info: Any = None,
     **sent: Any,
 ) -> Result | _Unwritten:
-    """Record how an attempt ended (``values`` go to ``changes.fail`` or ``snooze``), then
+    """Record how an attempt ended (``values`` go to ``settle.fail`` or ``snooze``), then
     log and signal it once the statement is committed (see :func:`_announce`).
 
     ``log`` is the log line and its arguments; with ``started``, the record

@@ -30,7 +30,7 @@ from django.db import connections
 from django_delayq import liveness
 from django_delayq.logs import duration as duration_text
 from django_delayq.logs import message_fields, who
-from django_delayq.store import changes
+from django_delayq.store import leases
 from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.execute import record_time_limit
 from django_delayq.worker.inflight import Book, InFlight
@@ -143,7 +143,7 @@ class Keeper:
         """Push the lease of every held attempt; drop queued ones that turn out lost."""
         for (token, lease, model), items in self.book.leases().items():
             ids = [item.row.pk for item in items]
-            kept = changes.extend(ids, token, lease, using=self.using, model=model)
+            kept = leases.extend(ids, token, lease, using=self.using, model=model)
             if len(kept) == len(ids):
                 continue
             missed = [item for item in items if item.row.pk not in kept]
@@ -152,7 +152,7 @@ class Keeper:
             # under this token is lost, and only if its attempt is not
             # settling: an outcome committed meanwhile (by its executor, a
             # batch of acknowledgements, a group) ends it too.
-            ours = changes.held_ids(
+            ours = leases.held_ids(
                 [item.row.pk for item in missed], token, using=self.using, model=model
             )
             lost = [item for item in missed if item.row.pk not in ours]

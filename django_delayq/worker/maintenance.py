@@ -20,7 +20,7 @@ failed) and tried again at its next turn.
   redelivered within seconds rather than at the end of their leases; and
   every ordered group whose next message is held although nothing before it
   is left (a worker died between an outcome and letting its group go, or a
-  failed message was pruned) goes on (``changes.release_groups``).
+  failed message was pruned) goes on (``groups.release_groups``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from django.db import connections
 from django_delayq import guard, liveness, retention
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.cron import install
-from django_delayq.store import changes
+from django_delayq.store import groups
 from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.inflight import Book
 
@@ -178,7 +178,7 @@ class Maintenance:
         install.install_schedules(using=self.using)
 
     def release_groups(self) -> None:
-        released = changes.release_groups(using=self.using)
+        released = groups.release_groups(using=self.using)
         if released:
             logger.info("let %d ordered group(s) go on past a finished message", released)
             self._on_due()

@@ -34,7 +34,7 @@ from django_delayq.exceptions import DelayQError, HandlerNotFound
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.registry import registry
-from django_delayq.store import changes
+from django_delayq.store import leases, settle
 from django_delayq.worker import aio
 from django_delayq.worker.acks import Done, Settler, Unwritten, by_token
 from django_delayq.worker.aio import EventLoop
@@ -321,7 +321,7 @@ class Runner:
         if not pending:
             return
         model = next(iter(members.values())).lane.model
-        mine = changes.ack_held(by_token(pending), using=self.using, model=model)
+        mine = settle.ack_held(by_token(pending), using=self.using, model=model)
         lost = {
             members[(model, message.pk)]
             for message, token in pending
@@ -403,7 +403,7 @@ def _release(item: InFlight, using: str) -> Callable[[], int]:
     """The statement that hands ``item``'s message back, due now, its attempt spent."""
 
     def release() -> int:
-        return changes.release(
+        return leases.release(
             [item.row.pk], item.token, started=True, using=using, model=item.lane.model
         )
 

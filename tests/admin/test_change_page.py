@@ -217,14 +217,14 @@ def test_a_claim_while_the_form_is_saved_refuses_the_kind_edit_whole(
     admin_client, states, monkeypatch
 ):
     from django_delayq.admin.messages import MessageAdmin
-    from django_delayq.store import changes
+    from django_delayq.store import claim
 
     message = states["pending_due"]
     original = MessageAdmin.save_form
 
     def claimed_meanwhile(self, request, form, change):
         # After the request read the message (pending) and validated the form.
-        changes.claim(["emails"], 1, worker="w", lease=timedelta(seconds=30))
+        claim.claim(["emails"], 1, worker="w", lease=timedelta(seconds=30))
         return original(self, request, form, change)
 
     monkeypatch.setattr(MessageAdmin, "save_form", claimed_meanwhile)

@@ -141,7 +141,7 @@ def test_saving_the_change_form_keeps_what_a_worker_wrote_meanwhile(
     """The form's save wrote the whole row as the request had read it: a claim or an
     acknowledgement between that read and the save was undone (the lock token
     cleared, a finished row back to running)."""
-    from django_delayq.store import changes
+    from django_delayq.store import claim, settle
     from tests.testapp.admin import ShipmentAdmin
 
     row = Shipment.objects.create(reference="a", next_attempt_time=fake_clock())
@@ -149,15 +149,15 @@ def test_saving_the_change_form_keeps_what_a_worker_wrote_meanwhile(
     assert admin_client.get(url).status_code == 200
     lease = timedelta(seconds=30)
     if meanwhile == "ack":
-        token = changes.claim([], 1, worker="w", lease=lease, model=Shipment).token
+        token = claim.claim([], 1, worker="w", lease=lease, model=Shipment).token
     original = ShipmentAdmin.save_form
 
     def worker_meanwhile(self, request, form, change):
         # After the request read the row and validated the form, before it saves.
         if meanwhile == "claim":
-            changes.claim([], 1, worker="w", lease=lease, model=Shipment)
+            claim.claim([], 1, worker="w", lease=lease, model=Shipment)
         else:
-            changes.ack([row.pk], token, model=Shipment)
+            settle.ack([row.pk], token, model=Shipment)
         return original(self, request, form, change)
 
     monkeypatch.setattr(ShipmentAdmin, "save_form", worker_meanwhile)

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django_delayq import enqueue_many
 from django_delayq.flow import limits_of
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 from django_delayq.store.limits import claim_limited
 from tests.admin.message_pages import CHANGELIST, change_url, listed
 from tests.admin.staff import staff_client
@@ -41,9 +41,9 @@ def flows(settings, fake_clock) -> dict[str, list[Message]]:
     assert len(started.claim.messages) == 3
     g1 = [r.message for r in enqueue_many("other", [{}] * 3, group="g1")]
     g2 = [r.message for r in enqueue_many("other", [{}] * 2, group="g2")]
-    heads = changes.claim(["other"], 10, worker="w", lease=LEASE)
+    heads = claim.claim(["other"], 10, worker="w", lease=LEASE)
     assert sorted(m.pk for m in heads.messages) == [g1[0].pk, g2[0].pk]
-    changes.fail(g1[0].pk, heads.token, error="app.Boom: 42", retry_at=None, retry_in=LEASE)
+    settle.fail(g1[0].pk, heads.token, error="app.Boom: 42", retry_at=None, retry_in=LEASE)
     return {"g1": g1, "g2": g2}
 
 
@@ -125,7 +125,7 @@ def test_the_ordered_groups_filter(viewer, flows, settings):
     # A failed first message blocks its group, unless the queue lets groups go on.
     g2 = flows["g2"][0]
     token = Message.objects.get(pk=g2.pk).lock_token
-    assert changes.fail(g2.pk, token, error="app.Boom: 7", retry_at=None) == 1
+    assert settle.fail(g2.pk, token, error="app.Boom: 7", retry_at=None) == 1
     blocked = listed(viewer.get(f"{CHANGELIST}?group_state=blocked"))
     assert sorted(blocked) == sorted([flows["g1"][0].pk, g2.pk])
     settings.DELAYQ = {

@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from django_delayq import enqueue, liveness
-from django_delayq.store import changes
+from django_delayq.store import claim
 from tests.admin.staff import staff_client
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,7 @@ def test_workers_page_shows_state_and_running_messages(fake_clock):
     liveness.register("host-a:11", queues=["default"], concurrency=2)
     liveness.register("host-b:22", queues=["other"], concurrency=1)
     enqueue("default", {})
-    changes.claim(["default"], 1, worker="host-a:11", lease=timedelta(hours=1))
+    claim.claim(["default"], 1, worker="host-a:11", lease=timedelta(hours=1))
     fake_clock.advance(liveness.dead_after().total_seconds() + 1)
     liveness.beat("host-b:22")
     client, _ = staff_client("viewer", "view_workerstate")

@@ -10,7 +10,7 @@ import pytest
 
 from django_delayq import enqueue_many
 from django_delayq.flow import limits_of
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 from django_delayq.store.limits import claim_limited
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -35,10 +35,10 @@ def make_flow(settings) -> dict[str, list[str]]:
     keys = {group: [f"{group}-{i}" for i in range(3)] for group in ("order-17", "order-18")}
     for group, group_keys in keys.items():
         enqueue_many("other", [{}] * 3, keys=group_keys, group=group)
-    heads = changes.claim(["other"], 10, worker="w", lease=LEASE)
+    heads = claim.claim(["other"], 10, worker="w", lease=LEASE)
     blocked = next(m for m in heads.messages if m.group == "order-17")
     error = "app.PaymentError: card declined"
-    assert changes.fail(blocked.pk, heads.token, error=error, retry_at=None, retry_in=LEASE)
+    assert settle.fail(blocked.pk, heads.token, error=error, retry_at=None, retry_in=LEASE)
     return keys
 
 

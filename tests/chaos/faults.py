@@ -35,7 +35,10 @@ WORKER = Path(__file__).resolve().parents[2] / "django_delayq" / "worker"
 
 #: Modules whose functions are the database's or the project's side of the worker.
 CALLEES = {
-    "changes",
+    "claim",
+    "settle",
+    "leases",
+    "groups",
     "liveness",
     "queries",
     "limits",
@@ -52,7 +55,7 @@ NAMED = {
     "call_handler",
     "_group_goes_on",
     "_settle",
-    "change",  # the outcome statements of execute._record (changes.fail, changes.snooze)
+    "change",  # the outcome statements of execute._record (settle.fail, settle.snooze)
 }
 
 
@@ -163,8 +166,8 @@ def _target(site: Site) -> tuple[Any, str]:
         name, attr = site.callee.split(".", 1)
         return getattr(caller, name), attr
     if site.callee == "change":
-        # execute._record looks its statement up in _OUTCOMES: changes.fail or
-        # changes.snooze, replaced in that table.
+        # execute._record looks its statement up in _OUTCOMES: settle.fail or
+        # settle.snooze, replaced in that table.
         return caller, "_OUTCOMES"
     return caller, site.callee
 

@@ -1,4 +1,4 @@
-"""Acknowledgements committed in batches (acks.py, changes.ack_held)."""
+"""Acknowledgements committed in batches (acks.py, settle.ack_held)."""
 
 import time
 import uuid
@@ -8,14 +8,14 @@ import pytest
 
 from django_delayq import enqueue_many, signals
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 from django_delayq.worker.acks import Settler
 from django_delayq.worker.inflight import InFlight, Lane, Phase
 
 
 def claim_three():
     enqueue_many("default", [{"n": i} for i in range(3)])
-    held = changes.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
+    held = claim.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
     assert len(held.messages) == 3
     return held
 
@@ -31,7 +31,7 @@ def test_ack_held_acknowledges_only_messages_still_held():
     stolen = held.messages[0]
     reclaim(stolen)
 
-    acked = changes.ack_held({held.token: [m.pk for m in held.messages]})
+    acked = settle.ack_held({held.token: [m.pk for m in held.messages]})
 
     assert acked == {(m.pk, held.token) for m in held.messages[1:]}
     statuses = dict(Message.objects.values_list("pk", "status"))

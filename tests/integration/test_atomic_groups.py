@@ -15,7 +15,7 @@ from django.db import connection, connections
 
 from django_delayq import enqueue, enqueue_many, signals
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim, leases
 from django_delayq.worker.execute import Result
 from tests.testapp.models import Effect
 
@@ -154,7 +154,7 @@ def test_lease_extension_skips_rows_locked_by_an_open_transaction():
     # The lease keeper must never wait for a group of atomic handlers (or any
     # transaction) holding one of its rows.
     enqueue_many("default", [{}, {}])
-    batch = changes.claim(["default"], 2, worker="w", lease=timedelta(minutes=1))
+    batch = claim.claim(["default"], 2, worker="w", lease=timedelta(minutes=1))
     ids = [m.pk for m in batch.messages]
     params = {
         k: v
@@ -167,7 +167,7 @@ def test_lease_extension_skips_rows_locked_by_an_open_transaction():
 
         def extend() -> None:
             try:
-                outcome.append(changes.extend(ids, batch.token, timedelta(minutes=5)))
+                outcome.append(leases.extend(ids, batch.token, timedelta(minutes=5)))
             finally:
                 connections.close_all()
 

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection, transaction  # noqa: F401 (read by skipif)
 
 from django_delayq import enqueue
-from django_delayq.store import changes
+from django_delayq.store import claim as store_claim
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -27,8 +27,8 @@ def synchronous_commit() -> str:
         return cursor.fetchone()[0]
 
 
-def claim() -> changes.Claim:
-    return changes.claim(["default"], 10, worker="w", lease=timedelta(minutes=5))
+def claim() -> store_claim.Claim:
+    return store_claim.claim(["default"], 10, worker="w", lease=timedelta(minutes=5))
 
 
 def test_a_claim_that_takes_messages_commits_asynchronously():

@@ -11,7 +11,7 @@ from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.conf import MAX_DELAY
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim, leases, settle
 from django_delayq.store.features import features
 from tests.conftest import finishes_within
 from tests.factories import MessageFactory
@@ -78,23 +78,23 @@ def test_update_revives_a_finished_message():
 
 
 ENDINGS = {
-    "ack": lambda pk, token: changes.ack([pk], token),
-    "retry": lambda pk, token: changes.fail(
+    "ack": lambda pk, token: settle.ack([pk], token),
+    "retry": lambda pk, token: settle.fail(
         pk, token, error="x", retry_at=None, retry_in=timedelta(seconds=30)
     ),
-    "fail": lambda pk, token: changes.fail(pk, token, error="x", retry_at=None),
-    "snooze": lambda pk, token: changes.snooze(
+    "fail": lambda pk, token: settle.fail(pk, token, error="x", retry_at=None),
+    "snooze": lambda pk, token: settle.snooze(
         pk, token, run_at=timedelta(seconds=30), max_attempts=9
     ),
-    "release": lambda pk, token: changes.release([pk], token, started=True),
-    "dead worker": lambda pk, token: sum(changes.release_workers(["w1"]).values()),
+    "release": lambda pk, token: leases.release([pk], token, started=True),
+    "dead worker": lambda pk, token: sum(leases.release_workers(["w1"]).values()),
 }
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
 def test_update_of_a_running_message_waits_for_the_running_attempt(ending):
     enqueue("default", {"v": 1}, key="k", max_attempts=3)
-    first = changes.claim(["default"], 1, worker="w1", lease=timedelta(minutes=1))
+    first = claim.claim(["default"], 1, worker="w1", lease=timedelta(minutes=1))
     lease_end = Message.objects.get(key="k").next_attempt_time
     result = enqueue("default", {"v": 2}, key="k", on_conflict="update")
     assert result.outcome is Outcome.UPDATED
@@ -105,9 +105,9 @@ def test_update_of_a_running_message_waits_for_the_running_attempt(ending):
         first.token,
         lease_end,
     )
-    assert changes.extend([row.pk], first.token, timedelta(minutes=2)) == {row.pk}
+    assert leases.extend([row.pk], first.token, timedelta(minutes=2)) == {row.pk}
     # The new version never runs beside it.
-    assert changes.claim(["default"], 1, worker="w2", lease=timedelta(minutes=1)).messages == []
+    assert claim.claim(["default"], 1, worker="w2", lease=timedelta(minutes=1)).messages == []
     # However the attempt ends, the new version is then due, from its first attempt.
     assert ENDINGS[ending](row.pk, first.token) == 1
     row.refresh_from_db()
@@ -118,16 +118,16 @@ def test_update_of_a_running_message_waits_for_the_running_attempt(ending):
         None,
     )
     assert row.finished_at is None
-    second = changes.claim(["default"], 1, worker="w2", lease=timedelta(minutes=1))
+    second = claim.claim(["default"], 1, worker="w2", lease=timedelta(minutes=1))
     assert [(m.payload, m.attempt_count) for m in second.messages] == [({"v": 2}, 1)]
 
 
 def test_update_of_a_running_message_whose_attempt_was_lost_runs_the_new_version(fake_clock):
     enqueue("default", {"v": 1}, key="k")
-    changes.claim(["default"], 1, worker="w1", lease=timedelta(seconds=30))
+    claim.claim(["default"], 1, worker="w1", lease=timedelta(seconds=30))
     enqueue("default", {"v": 2}, key="k", on_conflict="update")
     fake_clock.advance(31)  # the worker died: its lease runs out
-    again = changes.claim(["default"], 1, worker="w2", lease=timedelta(seconds=30))
+    again = claim.claim(["default"], 1, worker="w2", lease=timedelta(seconds=30))
     assert [(m.payload, m.attempt_count) for m in again.messages] == [({"v": 2}, 1)]
 
 

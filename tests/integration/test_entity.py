@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from django_delayq import enqueue, handler, operations
 from django_delayq.models import Message
 from django_delayq.registry import registry
-from django_delayq.store import changes
+from django_delayq.store import claim, leases, settle
 from django_delayq.worker.execute import Result
 from tests.testapp.models import Execution, Shipment
 
@@ -34,14 +34,13 @@ def test_rows_wait_until_scheduled():
     idle = Shipment.objects.create(reference="idle")
     assert (idle.status, idle.next_attempt_time) == ("pending", None)
     assert (
-        changes.claim([], 10, worker="w", lease=timedelta(seconds=30), model=Shipment).messages
-        == []
+        claim.claim([], 10, worker="w", lease=timedelta(seconds=30), model=Shipment).messages == []
     )
 
 
 def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
     first, second = shipments("a", "b")
-    result = changes.claim([], 10, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
+    result = claim.claim([], 10, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
     assert [r.pk for r in result.messages] == [first.pk, second.pk]
     row = Shipment.objects.get(pk=first.pk)
     assert (row.status, row.attempt_count, row.locked_by) == ("running", 1, "w-1")
@@ -50,11 +49,11 @@ def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
     assert row.next_attempt_time == fake_clock() + timedelta(seconds=30)
     # Held rows are not due: a second claimer gets nothing.
     assert (
-        changes.claim([], 10, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
+        claim.claim([], 10, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
         == []
     )
-    assert changes.ack([first.pk], result.token, model=Shipment) == 1
-    assert changes.ack([first.pk], result.token, model=Shipment) == 0  # no longer running
+    assert settle.ack([first.pk], result.token, model=Shipment) == 1
+    assert settle.ack([first.pk], result.token, model=Shipment) == 0  # no longer running
     row.refresh_from_db()
     assert (row.status, row.next_attempt_time, row.lock_token) == ("succeeded", None, None)
 
@@ -62,34 +61,33 @@ def test_claim_marks_rows_running_and_ack_settles_them(fake_clock):
 def test_claim_takes_the_highest_priority_first():
     low, high = shipments("low", "high")
     Shipment.objects.filter(pk=high.pk).update(priority=5)
-    result = changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    result = claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
     assert [r.reference for r in result.messages] == ["high"]
 
 
 def test_expired_lease_is_claimed_again_and_fences_off_the_old_holder(fake_clock):
     (row,) = shipments("a")
-    stale = changes.claim([], 1, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
+    stale = claim.claim([], 1, worker="w-1", lease=timedelta(seconds=30), model=Shipment)
     fake_clock.advance(29)
     assert (
-        changes.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages
-        == []
+        claim.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment).messages == []
     )
     fake_clock.advance(2)
-    fresh = changes.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment)
+    fresh = claim.claim([], 1, worker="w-2", lease=timedelta(seconds=30), model=Shipment)
     assert [r.pk for r in fresh.messages] == [row.pk]
     assert fresh.messages[0].attempt_count == 2
     # The first holder's outcome, extension and release all match nothing now.
-    assert changes.ack([row.pk], stale.token, model=Shipment) == 0
-    assert changes.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == set()
-    assert changes.release([row.pk], stale.token, started=True, model=Shipment) == 0
-    assert changes.fail(row.pk, stale.token, error="late", retry_at=None, model=Shipment) == 0
+    assert settle.ack([row.pk], stale.token, model=Shipment) == 0
+    assert leases.extend([row.pk], stale.token, timedelta(seconds=30), model=Shipment) == set()
+    assert leases.release([row.pk], stale.token, started=True, model=Shipment) == 0
+    assert settle.fail(row.pk, stale.token, error="late", retry_at=None, model=Shipment) == 0
     assert Shipment.objects.get(pk=row.pk).locked_by == "w-2"
 
 
 def test_release_of_unstarted_rows_gives_the_attempt_back():
     (row,) = shipments("a")
-    held = changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
-    assert changes.release([row.pk], held.token, started=False, model=Shipment) == 1
+    held = claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    assert leases.release([row.pk], held.token, started=False, model=Shipment) == 1
     row.refresh_from_db()
     assert (row.status, row.attempt_count, row.lock_token) == ("pending", 0, None)
 
@@ -177,8 +175,8 @@ def test_signals_name_the_model_as_sender(run_worker):
 
 def test_schedule_a_queryset_leaves_held_rows_alone(fake_clock):
     done, held = shipments("done", "held")
-    token = changes.claim([], 2, worker="w", lease=timedelta(seconds=30), model=Shipment).token
-    changes.ack([done.pk], token, model=Shipment)
+    token = claim.claim([], 2, worker="w", lease=timedelta(seconds=30), model=Shipment).token
+    settle.ack([done.pk], token, model=Shipment)
     later = fake_clock() + timedelta(hours=1)
     assert Shipment.objects.all().schedule(run_at=later) == 1
     assert Shipment.objects.get(pk=done.pk).status == "pending"
@@ -224,7 +222,7 @@ def test_operations_work_on_the_model(fake_clock):
     assert (b.status, b.max_attempts, b.next_attempt_time) == ("pending", 5, fake_clock())
     assert operations.reprioritise(Shipment.objects.filter(pk=a.pk), 7).changed == 1
     assert Shipment.objects.get(pk=a.pk).priority == 7
-    changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
     result = operations.cancel(Shipment.objects.all())
     assert (result.changed, result.skipped) == (1, {operations.RUNNING: 1})
 
@@ -257,7 +255,7 @@ def test_schedule_of_a_held_row_is_refused_and_saves_only_the_queue_columns(fake
     from django_delayq.entity import RowHeld
 
     (row,) = shipments("a")
-    changes.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
+    claim.claim([], 1, worker="w", lease=timedelta(seconds=30), model=Shipment)
     with pytest.raises(RowHeld, match="running under a worker's lease"):
         row.schedule()
     fake_clock.advance(31)  # the lease expired: the row may be queued again
@@ -296,7 +294,7 @@ def test_run_pending_of_a_row_queue_leaves_the_messages_of_other_queues():
 
 def test_a_claim_of_no_queue_claims_nothing():
     enqueue("default", {})
-    held = changes.claim([], 10, worker="w", lease=timedelta(seconds=30))
+    held = claim.claim([], 10, worker="w", lease=timedelta(seconds=30))
     assert held.messages == []
     assert Message.objects.get().status == "pending"
 
@@ -322,20 +320,18 @@ def queue_state(pk):
 
 
 def _claim():
-    return changes.claim([], 1, worker="w", lease=LEASE, model=Shipment)
+    return claim.claim([], 1, worker="w", lease=LEASE, model=Shipment)
 
 
 # What a worker (or an operator) does to a row between its load and its save.
 MEANWHILE = {
     "claim": lambda pk: _claim(),
-    "ack": lambda pk: changes.ack([pk], _claim().token, model=Shipment),
-    "fail": lambda pk: changes.fail(
-        pk, _claim().token, error="boom", retry_at=None, model=Shipment
-    ),
-    "retry": lambda pk: changes.fail(
+    "ack": lambda pk: settle.ack([pk], _claim().token, model=Shipment),
+    "fail": lambda pk: settle.fail(pk, _claim().token, error="boom", retry_at=None, model=Shipment),
+    "retry": lambda pk: settle.fail(
         pk, _claim().token, error="boom", retry_at=None, retry_in=LEASE, model=Shipment
     ),
-    "release": lambda pk: changes.release([pk], _claim().token, started=False, model=Shipment),
+    "release": lambda pk: leases.release([pk], _claim().token, started=False, model=Shipment),
     "cancel": lambda pk: operations.cancel(Shipment.objects.filter(pk=pk)),
 }
 
@@ -393,7 +389,7 @@ def test_a_new_row_is_saved_whole_and_a_deleted_one_is_not_brought_back():
 
 STEPS = {
     **MEANWHILE,
-    "extend": lambda pk: changes.extend([pk], _claim().token, LEASE, model=Shipment),
+    "extend": lambda pk: leases.extend([pk], _claim().token, LEASE, model=Shipment),
     "schedule": lambda pk: Shipment.objects.filter(pk=pk).schedule(delay=5),
     "retry_failed": lambda pk: operations.retry_failed(Shipment.objects.filter(pk=pk)),
     "later": lambda pk: None,  # the passing of time (see advance)

@@ -38,7 +38,7 @@ def _site(text: str) -> Site:
 
 #: Sites reached only after another fault, and where that is tested.
 AFTER_A_FAULT = {
-    _site("worker/runner.py _release.<locals>.release -> changes.release"): (
+    _site("worker/runner.py _release.<locals>.release -> leases.release"): (
         "hands back an attempt whose executor died or could not write its outcome: "
         "test_supervision.py::test_an_executor_that_dies_hands_its_message_back_and_is_replaced"
     ),
@@ -58,20 +58,20 @@ def not_here() -> dict[Site, str]:
     """Sites this database never reaches, with the reason."""
     can = features(connection)
     found: dict[Site, str] = {}
-    batching = ["worker/acks.py Settler._acknowledge -> changes.ack_held"]
+    batching = ["worker/acks.py Settler._acknowledge -> settle.ack_held"]
     groups = [
-        "worker/runner.py Runner._ack_group -> changes.ack_held",
+        "worker/runner.py Runner._ack_group -> settle.ack_held",
         "worker/runner.py Runner._run_group -> execute",
     ]
     single = [
-        "worker/execute.py execute.<locals>.acknowledge -> changes.ack",
-        "worker/execute.py execute -> changes.ack",
+        "worker/execute.py execute.<locals>.acknowledge -> settle.ack",
+        "worker/execute.py execute -> settle.ack",
     ]
     if can.group_commits:
         for text in single:
             found[_site(text)] = "acknowledged in batches and atomic groups here"
     else:
-        for text in [*batching, *groups, "worker/acks.py Settler._states -> changes.states"]:
+        for text in [*batching, *groups, "worker/acks.py Settler._states -> leases.states"]:
             found[_site(text)] = "no batched acknowledgements or atomic groups here"
     return found
 

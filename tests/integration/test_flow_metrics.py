@@ -7,7 +7,7 @@ import pytest
 
 from django_delayq import enqueue_many
 from django_delayq.flow import limits_of
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 from django_delayq.store.limits import claim_limited
 
 pytest.importorskip("prometheus_client")
@@ -56,9 +56,9 @@ def test_throttled_by_queue_and_kind(settings, fake_clock):
 def test_held_messages_and_blocked_groups_by_queue():
     for group in ("a", "b"):
         enqueue_many("other", [{}] * 3, group=group)
-    heads = changes.claim(["other"], 10, worker="w", lease=LEASE)
+    heads = claim.claim(["other"], 10, worker="w", lease=LEASE)
     first = min(heads.messages, key=lambda m: m.pk)
-    assert changes.fail(first.pk, heads.token, error="x: 1", retry_at=None) == 1
+    assert settle.fail(first.pk, heads.token, error="x: 1", retry_at=None) == 1
     sampled(["other", "default"])
     assert gauge("delayq_group_held_messages", queue="other") == 4
     assert gauge("delayq_blocked_groups", queue="other") == 1

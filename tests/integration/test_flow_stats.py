@@ -11,7 +11,8 @@ from django_delayq import enqueue, enqueue_many
 from django_delayq.flow import limits_of
 from django_delayq.flowstats import QueueFlow, flow_stats
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim as store_claim
+from django_delayq.store import groups, settle
 from django_delayq.store.limits import claim_limited
 from tests.conftest import FakeClock
 
@@ -36,8 +37,8 @@ def flow_of(queue: str = "default") -> QueueFlow:
 
 def fail(message: Message, token: object, *, retry: bool) -> None:
     retry_in = timedelta(hours=1) if retry else None
-    assert changes.fail(message.pk, token, error="boom 42", retry_at=None, retry_in=retry_in) == 1  # type: ignore[arg-type]
-    changes.release_groups([(message.queue, message.group)])
+    assert settle.fail(message.pk, token, error="boom 42", retry_at=None, retry_in=retry_in) == 1  # type: ignore[arg-type]
+    groups.release_groups([(message.queue, message.group)])
 
 
 def test_a_full_rate_window_with_due_messages_is_throttled(settings, fake_clock: FakeClock):
@@ -72,7 +73,7 @@ def test_a_reached_cap_counts_its_running_messages(settings, fake_clock: FakeClo
     assert (scope.running, scope.at_cap, scope.throttled) == (2, True, True)
     assert scope.running_text == "2/2 running" and scope.limits_text == "2 at once"
     assert scope.window_text == ""
-    assert changes.ack([got.claim.messages[0].pk], got.claim.token) == 1
+    assert settle.ack([got.claim.messages[0].pk], got.claim.token) == 1
     (scope,) = flow_of().scopes
     assert (scope.running, scope.throttled) == (1, False)
     # A crashed worker's lease runs out: it no longer counts.
@@ -126,7 +127,9 @@ def test_held_messages_and_blocked_groups(settings):
     enqueue("default", {}, key="free")
     flow = flow_of()
     assert (flow.held, flow.blocked, flow.scopes) == (6, 0, ())
-    heads = {m.group: m for m in changes.claim(["default"], 10, worker="w", lease=LEASE).messages}
+    heads = {
+        m.group: m for m in store_claim.claim(["default"], 10, worker="w", lease=LEASE).messages
+    }
     token = Message.objects.get(pk=heads["g1"].pk).lock_token
     fail(heads["g1"], token, retry=True)  # waits for its retry: g1 is blocked
     token = Message.objects.get(pk=heads["g2"].pk).lock_token
@@ -135,8 +138,8 @@ def test_held_messages_and_blocked_groups(settings):
     assert (flow.held, flow.blocked, flow.blocked_groups) == (6, 2, ("g1", "g2"))
     # g3's head succeeds: its next message is let go, one fewer held.
     token = Message.objects.get(pk=heads["g3"].pk).lock_token
-    assert changes.ack([heads["g3"].pk], token) == 1
-    changes.release_groups([("default", "g3")])
+    assert settle.ack([heads["g3"].pk], token) == 1
+    groups.release_groups([("default", "g3")])
     assert flow_of().held == 5
     # Where failures let the group go on, a failed head blocks nothing.
     limit(settings, GROUP_AFTER_FAILURE="continue")
@@ -160,7 +163,7 @@ def test_the_blocked_names_are_the_longest_blocked_first_and_capped(monkeypatch)
     monkeypatch.setattr(flowstats, "BLOCKED_NAMES", 2)
     for group in ("z", "a", "m"):
         enqueue_many("default", [{}] * 2, group=group)
-    got = changes.claim(["default"], 10, worker="w", lease=LEASE)
+    got = store_claim.claim(["default"], 10, worker="w", lease=LEASE)
     for message in sorted(got.messages, key=lambda m: m.pk):
         fail(message, got.token, retry=True)
     flow = flow_of()

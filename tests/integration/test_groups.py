@@ -1,6 +1,6 @@
 """Ordered groups: one message of a group at a time, in the order they were enqueued.
 
-The claim enforces the order (``store.changes.group_clear``); messages that
+The claim enforces the order (``store.groups.group_clear``); messages that
 wait behind their group are *held* (no due time) so that claims never visit
 them, and are let go one by one (``release_groups``). These tests drive
 claims and outcomes directly, on every database, then a real worker.
@@ -13,7 +13,8 @@ from django.db import connection
 
 from django_delayq import enqueue, enqueue_many, operations
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim as store_claim
+from django_delayq.store import groups, operators, settle
 from django_delayq.worker.execute import Result
 from tests.conftest import wait_for
 from tests.testapp.models import Execution
@@ -24,18 +25,18 @@ LEASE = timedelta(minutes=5)
 
 
 def claim(queue: str = "default", limit: int = 10) -> list[Message]:
-    return changes.claim([queue], limit, worker="w", lease=LEASE).messages
+    return store_claim.claim([queue], limit, worker="w", lease=LEASE).messages
 
 
 def claim_one(queue: str = "default") -> tuple[Message, object]:
-    result = changes.claim([queue], 10, worker="w", lease=LEASE)
+    result = store_claim.claim([queue], 10, worker="w", lease=LEASE)
     assert len(result.messages) == 1, [m.key for m in result.messages]
     return result.messages[0], result.token
 
 
 def finish(message: Message, token: object) -> None:
-    assert changes.ack([message.pk], token) == 1  # type: ignore[arg-type]
-    changes.release_groups([(message.queue, message.group)])
+    assert settle.ack([message.pk], token) == 1  # type: ignore[arg-type]
+    groups.release_groups([(message.queue, message.group)])
 
 
 def held(*keys: str) -> set[str]:
@@ -116,13 +117,13 @@ def test_a_message_waiting_for_its_retry_blocks_its_group():
     enqueue("default", {}, key="head", group="g")
     enqueue("default", {}, key="next", group="g")
     head, token = claim_one()
-    changes.fail(head.pk, token, error="boom", retry_at=None, retry_in=timedelta(seconds=-1))
-    changes.release_groups([("default", "g")])
+    settle.fail(head.pk, token, error="boom", retry_at=None, retry_in=timedelta(seconds=-1))
+    groups.release_groups([("default", "g")])
     # The head is due again (its retry time has passed); "next" still waits.
     again, token = claim_one()
     assert again.key == "head"
-    changes.fail(again.pk, token, error="boom", retry_at=None, retry_in=timedelta(hours=1))
-    changes.release_groups([("default", "g")])
+    settle.fail(again.pk, token, error="boom", retry_at=None, retry_in=timedelta(hours=1))
+    groups.release_groups([("default", "g")])
     assert claim() == []
     assert held("next") == {"next"}
 
@@ -131,8 +132,8 @@ def test_a_failed_message_blocks_its_group_until_an_operator_acts(settings):
     enqueue("default", {}, key="head", group="g")
     enqueue("default", {}, key="next", group="g")
     head, token = claim_one()
-    changes.fail(head.pk, token, error="boom", retry_at=None)
-    changes.release_groups([("default", "g")])
+    settle.fail(head.pk, token, error="boom", retry_at=None)
+    groups.release_groups([("default", "g")])
     assert Message.objects.get(key="head").status == "failed"
     assert claim() == [] and held("next") == {"next"}
     # Deleting the failed head (or retrying it) lets the group go on.
@@ -149,8 +150,8 @@ def test_a_queue_may_let_its_groups_go_on_past_a_failed_message(settings):
     enqueue("default", {}, key="head", group="g")
     enqueue("default", {}, key="next", group="g")
     head, token = claim_one()
-    changes.fail(head.pk, token, error="boom", retry_at=None)
-    changes.release_groups([("default", "g")])
+    settle.fail(head.pk, token, error="boom", retry_at=None)
+    groups.release_groups([("default", "g")])
     assert [m.key for m in claim()] == ["next"]
 
 
@@ -182,7 +183,7 @@ def test_the_claim_leaves_its_group_probes_to_the_group_function():
     # Planned with every claim (Django sends it as text), the two probes of
     # the group condition were most of an idle worker's claim; the function
     # delayq_group_clear runs them with a plan the server keeps (their use of
-    # delayq_group_idx: tests/store/test_changes.py).
+    # delayq_group_idx: tests/store/test_groups.py).
     from django.test.utils import CaptureQueriesContext
 
     enqueue_many("default", [{}] * 3, group="g")
@@ -204,7 +205,7 @@ def test_an_earlier_message_run_again_waits_for_the_one_that_runs():
     new, _ = claim_one()
     assert new.key == "new"
     # An operator runs the old message again while "new" runs.
-    changes.retry(Message.objects.filter(key="old"), 1, now=new.last_attempt_time)
+    operators.retry(Message.objects.filter(key="old"), 1, now=new.last_attempt_time)
     assert claim() == []
 
 
@@ -212,9 +213,9 @@ def test_the_sweep_lets_a_group_go_on_when_its_worker_died_before_doing_so():
     enqueue("default", {}, key="head", group="g")
     enqueue("default", {}, key="next", group="g")
     head, token = claim_one()
-    assert changes.ack([head.pk], token) == 1  # and the worker died here
+    assert settle.ack([head.pk], token) == 1  # and the worker died here
     assert claim() == []
-    assert changes.release_groups() == 1
+    assert groups.release_groups() == 1
     assert [m.key for m in claim()] == ["next"]
 
 

@@ -17,7 +17,8 @@ from django_delayq import enqueue, enqueue_many
 from django_delayq.flow import Scope, limits_of, parse_rate
 from django_delayq.models import FlowStart, Message
 from django_delayq.registry import registry
-from django_delayq.store import changes
+from django_delayq.store import claim as store_claim
+from django_delayq.store import settle
 from django_delayq.store.limits import claim_limited, starts_in_window
 from django_delayq.worker import claimer, make_lanes
 from django_delayq.worker.execute import Result
@@ -100,7 +101,7 @@ def test_a_cap_counts_live_leases_only(fake_clock: FakeClock):
     assert claim([cap]).claim.messages == []
     # One ends: its place is free.
     first = got.claim.messages[0]
-    assert changes.ack([first.pk], got.claim.token) == 1
+    assert settle.ack([first.pk], got.claim.token) == 1
     assert len(claim([cap]).claim.messages) == 1
     # The leases of a crashed worker run out: their places are free.
     fake_clock.advance(LEASE.total_seconds() + 1)
@@ -134,7 +135,7 @@ def test_a_kind_limit_limits_only_that_kind(fake_clock: FakeClock):
     slow = Scope("default", "slow", cap=1)
     got = claim([slow], kinds=(["slow"], True))
     assert [m.kind for m in got.claim.messages] == ["slow"]
-    rest = changes.claim(["default"], 10, worker="w", lease=LEASE, kinds=(["slow"], False))
+    rest = store_claim.claim(["default"], 10, worker="w", lease=LEASE, kinds=(["slow"], False))
     assert sorted(m.kind for m in rest.messages) == ["fast"] * 3
 
 

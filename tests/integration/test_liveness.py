@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_delayq import enqueue, handler, liveness
 from django_delayq.models import Message, WorkerState
 from django_delayq.registry import registry
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 
 pytestmark = pytest.mark.django_db
 
@@ -27,8 +27,8 @@ def test_dead_workers_messages_are_released_and_live_ones_kept(fake_clock):
     liveness.register("live-one", queues=["default"], concurrency=1)
     a = enqueue("default", {}, key="a").message
     b = enqueue("default", {}, key="b").message
-    held_dead = changes.claim(["default"], 1, worker="dead-one", lease=timedelta(hours=1))
-    held_live = changes.claim(["default"], 1, worker="live-one", lease=timedelta(hours=1))
+    held_dead = claim.claim(["default"], 1, worker="dead-one", lease=timedelta(hours=1))
+    held_live = claim.claim(["default"], 1, worker="live-one", lease=timedelta(hours=1))
     fake_clock.advance(liveness.dead_after().total_seconds() + 1)
     liveness.beat("live-one")
 
@@ -40,7 +40,7 @@ def test_dead_workers_messages_are_released_and_live_ones_kept(fake_clock):
     assert released.next_attempt_time <= fake_clock()
     assert Message.objects.get(pk=held_live.messages[0].pk).status == "running"
     # The dead worker, should it wake up, can no longer settle what it held.
-    assert changes.ack([dead_pk], held_dead.token) == 0
+    assert settle.ack([dead_pk], held_dead.token) == 0
     assert {a.pk, b.pk} == {dead_pk, held_live.messages[0].pk}
     states = {w.name: w.state for w in liveness.workers()}
     assert states == {"dead-one": "dead", "live-one": "live"}
@@ -65,7 +65,7 @@ def test_status_command_lists_live_and_dead_workers(fake_clock):
     liveness.register("host-a:1", queues=["default", "other"], concurrency=4)
     liveness.register("host-b:2", queues=["default"], concurrency=1)
     enqueue("default", {})
-    changes.claim(["default"], 1, worker="host-a:1", lease=timedelta(hours=1))
+    claim.claim(["default"], 1, worker="host-a:1", lease=timedelta(hours=1))
     fake_clock.advance(liveness.dead_after().total_seconds() + 5)
     liveness.beat("host-b:2")
     lines = status_output().splitlines()
@@ -96,12 +96,12 @@ def test_claim_uses_the_database_clock_not_the_hosts(monkeypatch):
     message = enqueue("default", {}, run_at=timezone.now() + timedelta(minutes=30)).message
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(hours=1))
-    assert changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages == []
+    assert claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages == []
     # (SQLite's now() has millisecond precision: due a second ago, to be clear.)
     Message.objects.filter(pk=message.pk).update(
         next_attempt_time=real_now() - timedelta(seconds=1)
     )
-    held = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages[0]
+    held = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages[0]
     assert held.next_attempt_time - held.last_attempt_time == timedelta(seconds=60)
     assert held.next_attempt_time < real_now() + timedelta(minutes=5)
 
@@ -113,9 +113,7 @@ def test_a_message_enqueued_now_is_due_at_once():
     missed = 0
     for i in range(200):
         enqueue("default", {}, key=f"now-{i}")
-        missed += not changes.claim(
-            ["default"], 1, worker="w", lease=timedelta(seconds=60)
-        ).messages
+        missed += not claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60)).messages
     assert missed == 0
 
 
@@ -178,8 +176,8 @@ def test_sqlite_keeps_the_messages_of_a_live_worker_of_this_host_whatever_its_he
         liveness.register(name, queues=["default"], concurrency=1)
     enqueue("default", {}, key="a")
     enqueue("default", {}, key="b")
-    held_live = changes.claim(["default"], 1, worker=live_name, lease=timedelta(hours=1))
-    held_gone = changes.claim(["default"], 1, worker=gone_name, lease=timedelta(hours=1))
+    held_live = claim.claim(["default"], 1, worker=live_name, lease=timedelta(hours=1))
+    held_gone = claim.claim(["default"], 1, worker=gone_name, lease=timedelta(hours=1))
     # Both heartbeats are older than WORKER_DEAD_AFTER (the write lock held them back).
     fake_clock.advance(liveness.dead_after().total_seconds() + 1)
 

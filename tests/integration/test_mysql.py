@@ -22,7 +22,7 @@ from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.checks import check_database
 from django_delayq.models import Message
 from django_delayq.store import server, write
-from django_delayq.store.changes import claim
+from django_delayq.store.claim import claim
 from tests.conftest import wait_for
 
 needs_mysql = pytest.mark.skipif(

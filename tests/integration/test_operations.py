@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django_delayq import enqueue, enqueue_many, operations
 from django_delayq.models import Message
 from django_delayq.operations import OperationResult
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 from tests.factories import MessageFactory
 from tests.testapp.models import Execution
 
@@ -113,7 +113,7 @@ def test_retried_messages_are_claimed_again(fake_clock):
         status="failed", next_attempt_time=None, attempt_count=5, finished_at=fake_clock()
     )
     operations.retry_failed(Message.objects.filter(pk=message.pk))
-    claimed = changes.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
+    claimed = claim.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
     assert [m.pk for m in claimed.messages] == [message.pk]
     assert claimed.messages[0].attempt_count == 6
 
@@ -144,26 +144,26 @@ def test_cancel_stops_waiting_messages_and_refuses_a_held_lease(one_of_each, fak
 
 def test_a_running_message_is_refused_and_its_worker_can_still_ack_it():
     enqueue("default", {}, key="m")
-    held = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=60))
+    held = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=60))
     result = operations.cancel(Message.objects.filter(key="m"))
     assert result == OperationResult(0, {"running": 1})
-    assert changes.ack([held.messages[0].pk], held.token) == 1
+    assert settle.ack([held.messages[0].pk], held.token) == 1
     assert Message.objects.get(key="m").status == "succeeded"
 
 
 def test_cancelling_an_expired_lease_fences_off_the_old_worker(fake_clock):
     enqueue("default", {}, key="m")
-    held = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
+    held = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
     fake_clock.advance(31)
     assert operations.cancel(Message.objects.filter(key="m")).changed == 1
-    assert changes.ack([held.messages[0].pk], held.token) == 0
+    assert settle.ack([held.messages[0].pk], held.token) == 0
     assert Message.objects.get(key="m").status == "cancelled"
 
 
 def test_cancelled_messages_are_not_claimed():
     enqueue_many("default", [{}, {}], keys=["a", "b"])
     operations.cancel(Message.objects.filter(key="a"))
-    claimed = changes.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
+    claimed = claim.claim(["default"], 10, worker="w", lease=timedelta(seconds=30))
     assert [m.key for m in claimed.messages] == ["b"]
 
 
@@ -193,9 +193,9 @@ def test_reschedule_by_delay(one_of_each, fake_clock):
 def test_rescheduled_message_waits_until_its_new_time(fake_clock):
     enqueue("default", {}, key="m")
     operations.reschedule(Message.objects.filter(key="m"), delay=timedelta(minutes=10))
-    assert not changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
+    assert not claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
     fake_clock.advance(minutes=10)
-    assert changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
+    assert claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30)).messages
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_reprioritise_changes_what_may_still_run_without_touching_the_lease(one_
 def test_reprioritised_message_is_claimed_first():
     enqueue_many("default", [{}, {}], keys=["first", "second"])
     operations.reprioritise(Message.objects.filter(key="second"), 10)
-    claimed = changes.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
+    claimed = claim.claim(["default"], 1, worker="w", lease=timedelta(seconds=30))
     assert [m.key for m in claimed.messages] == ["second"]
 
 
@@ -356,10 +356,10 @@ def test_operator_actions_judge_leases_by_the_database_clock(monkeypatch):
     from tests.testapp.models import Shipment
 
     message = enqueue("default", {}).message
-    claimed = changes.claim(["default"], 1, worker="w", lease=timedelta(minutes=5))
+    claimed = claim.claim(["default"], 1, worker="w", lease=timedelta(minutes=5))
     shipment = Shipment.objects.create(reference="s")
     Shipment.objects.filter(pk=shipment.pk).schedule()
-    held = changes.claim([], 1, worker="w", lease=timedelta(minutes=5), model=Shipment)
+    held = claim.claim([], 1, worker="w", lease=timedelta(minutes=5), model=Shipment)
     ahead = timezone.now() + timedelta(minutes=10)
     monkeypatch.setattr(timezone, "now", lambda: ahead)
     assert not clock.is_overridden()  # only this host's clock moved

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from django_delayq import enqueue, enqueue_many, signals
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim, leases, settle
 from django_delayq.worker import Worker
 from django_delayq.worker.execute import Result
 from tests.conftest import finishes_within, wait_for
@@ -89,7 +89,7 @@ def test_a_transaction_holding_a_running_rows_lock_cannot_make_it_run_twice(serv
                 message="the lease to pass while the row is locked",
             )
         # Another worker's claim, the moment the transaction commits.
-        thief = changes.claim(["gated"], 10, worker="thief", lease=timedelta(minutes=5))
+        thief = claim.claim(["gated"], 10, worker="thief", lease=timedelta(minutes=5))
         assert [m.pk for m in thief.messages] == []
         assert executions(message) == 1
     finally:
@@ -233,7 +233,7 @@ def test_an_outcome_whose_commit_reply_was_lost_is_still_its_outcome(
     second = enqueue("default", {}, group="g").message
     lost: list[int] = []
     for name in ("ack", "ack_held"):
-        real = getattr(changes, name)
+        real = getattr(settle, name)
 
         def committed_then_cut(*args, _real=real, **kwargs):
             result = _real(*args, **kwargs)
@@ -243,7 +243,7 @@ def test_an_outcome_whose_commit_reply_was_lost_is_still_its_outcome(
                 raise InterfaceError("connection lost before the commit's reply")
             return result
 
-        monkeypatch.setattr(changes, name, committed_then_cut)
+        monkeypatch.setattr(settle, name, committed_then_cut)
     succeeded: list[int] = []
 
     def on_success(sender, message, **kwargs):
@@ -353,7 +353,7 @@ def test_on_sqlite_a_long_atomic_handler_lets_no_other_lease_of_its_worker_be_ta
             lambda: Message.objects.filter(queue="atomic-gated", status="succeeded").exists(),
             message="the long atomic handler to commit",
         )
-        thief = changes.claim(["gated"], 10, worker="thief", lease=timedelta(minutes=5))
+        thief = claim.claim(["gated"], 10, worker="thief", lease=timedelta(minutes=5))
         assert [m.pk for m in thief.messages] == []
     finally:
         long_release.set()
@@ -377,7 +377,7 @@ def test_an_interface_error_is_a_lost_connection_not_a_crash(
     if where == "extend":
         enqueue("default", {"sleep": 1})  # a lease to extend
 
-    module = queries if where == "next_due" else changes
+    module = {"claim": claim, "extend": leases, "next_due": queries}[where]
     real = getattr(module, where)
     raised: list[int] = []
 

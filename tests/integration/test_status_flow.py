@@ -8,7 +8,7 @@ from django.core.management import call_command
 
 from django_delayq import enqueue, enqueue_many
 from django_delayq.flow import limits_of
-from django_delayq.store import changes
+from django_delayq.store import claim, settle
 from django_delayq.store.limits import claim_limited
 
 pytestmark = pytest.mark.django_db
@@ -43,9 +43,9 @@ def flows(settings, fake_clock):
                .claim.messages) == 3  # fmt: skip
     for group in ("g1", "g2"):
         enqueue_many("other", [{}] * 3, group=group)
-    heads = changes.claim(["other"], 10, worker="w", lease=LEASE)
+    heads = claim.claim(["other"], 10, worker="w", lease=LEASE)
     for message in heads.messages:
-        changes.fail(message.pk, heads.token, error="app.Boom: 1", retry_at=None, retry_in=LEASE)
+        settle.fail(message.pk, heads.token, error="app.Boom: 1", retry_at=None, retry_in=LEASE)
 
 
 def test_status_prints_limits_closeness_throttled_held_and_blocked(flows):

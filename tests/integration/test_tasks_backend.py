@@ -24,7 +24,7 @@ from django_delayq import enqueue, operations
 from django_delayq.backends import TASK_KIND, DelayQBackend, TaskCancelled, TaskLost
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim
 from tests.conftest import ROOT
 from tests.json_values import JSON_VALUES, exact
 from tests.testapp.models import Effect, Execution
@@ -336,7 +336,7 @@ def test_cancelled_task_reads_as_failed_with_task_cancelled():
 def test_task_whose_worker_died_on_its_last_attempt_reads_as_task_lost(run_worker, fake_clock):
     result = add.enqueue(1, 2)
     # A worker claims it and dies: its lease runs out without an outcome.
-    claimed = changes.claim(["default"], 1, worker="dead:1", lease=timedelta(seconds=30))
+    claimed = claim.claim(["default"], 1, worker="dead:1", lease=timedelta(seconds=30))
     assert [m.pk for m in claimed.messages] == [int(result.id)]
     assert add.get_result(result.id).status == TaskResultStatus.RUNNING
     assert add.get_result(result.id).worker_ids == ["dead:1"]

@@ -14,7 +14,7 @@ from django_delayq.conf import MAX_DELAY
 from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.retry import FixedDelay
-from django_delayq.store import changes
+from django_delayq.store import claim, leases, settle
 from django_delayq.worker.execute import Result, execute
 from tests.testapp.models import Effect, Execution
 
@@ -116,8 +116,8 @@ def test_atomic_handler_failure_rolls_back_its_writes(run_worker, fake_clock):
 
 def test_atomic_handler_with_lost_lease_rolls_back(settings):
     message = enqueue("atomic", {"value": "stale"}).message
-    first = changes.claim(["atomic"], 1, worker="w1", lease=timedelta(seconds=-1))
-    second = changes.claim(["atomic"], 1, worker="w2", lease=timedelta(minutes=5))
+    first = claim.claim(["atomic"], 1, worker="w1", lease=timedelta(seconds=-1))
+    second = claim.claim(["atomic"], 1, worker="w2", lease=timedelta(minutes=5))
     assert second.messages and second.messages[0].pk == message.pk
     assert execute(first.messages[0], first.token, using="default") is Result.LEASE_LOST
     assert not Effect.objects.exists()
@@ -206,46 +206,46 @@ def test_handler_that_cannot_decode_its_payload_records_the_error(run_worker):
 
 def test_expired_lease_makes_the_message_claimable_again():
     message = enqueue("default", {}).message
-    first = changes.claim(["default"], 10, worker="w1", lease=timedelta(seconds=-1))
+    first = claim.claim(["default"], 10, worker="w1", lease=timedelta(seconds=-1))
     assert [m.pk for m in first.messages] == [message.pk]
-    second = changes.claim(["default"], 10, worker="w2", lease=timedelta(minutes=5))
+    second = claim.claim(["default"], 10, worker="w2", lease=timedelta(minutes=5))
     assert [m.attempt_count for m in second.messages] == [2]
-    assert changes.claim(["default"], 10, worker="w3", lease=timedelta(minutes=5)).messages == []
+    assert claim.claim(["default"], 10, worker="w3", lease=timedelta(minutes=5)).messages == []
 
 
 def test_stale_token_cannot_ack_fail_extend_or_release():
     message = enqueue("default", {}).message
-    stale = changes.claim(["default"], 1, worker="w1", lease=timedelta(seconds=-1))
-    fresh = changes.claim(["default"], 1, worker="w2", lease=timedelta(minutes=5))
+    stale = claim.claim(["default"], 1, worker="w1", lease=timedelta(seconds=-1))
+    fresh = claim.claim(["default"], 1, worker="w2", lease=timedelta(minutes=5))
     ids = [message.pk]
-    assert changes.ack(ids, stale.token) == 0
-    assert changes.fail(message.pk, stale.token, error="x", retry_at=None) == 0
-    assert changes.extend(ids, stale.token, timedelta(hours=1)) == set()
-    assert changes.release(ids, stale.token, started=True) == 0
-    assert changes.ack(ids, uuid.uuid4()) == 0
-    assert changes.ack(ids, fresh.token) == 1
+    assert settle.ack(ids, stale.token) == 0
+    assert settle.fail(message.pk, stale.token, error="x", retry_at=None) == 0
+    assert leases.extend(ids, stale.token, timedelta(hours=1)) == set()
+    assert leases.release(ids, stale.token, started=True) == 0
+    assert settle.ack(ids, uuid.uuid4()) == 0
+    assert settle.ack(ids, fresh.token) == 1
     assert Message.objects.get().status == "succeeded"
 
 
 def test_claim_batches_share_one_token_and_respect_the_limit():
     enqueue_many("default", [{}] * 5)
-    batch = changes.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
+    batch = claim.claim(["default"], 3, worker="w", lease=timedelta(minutes=1))
     assert len(batch.messages) == 3
     assert {m.lock_token for m in batch.messages} == {batch.token}
-    assert changes.ack([m.pk for m in batch.messages], batch.token) == 3
+    assert settle.ack([m.pk for m in batch.messages], batch.token) == 3
 
 
 def test_release_gives_back_unstarted_attempts():
     message = enqueue("default", {}).message
-    batch = changes.claim(["default"], 1, worker="w", lease=timedelta(minutes=1))
-    assert changes.release([message.pk], batch.token, started=False) == 1
+    batch = claim.claim(["default"], 1, worker="w", lease=timedelta(minutes=1))
+    assert leases.release([message.pk], batch.token, started=False) == 1
     message.refresh_from_db()
     assert (message.status, message.attempt_count, message.lock_token) == ("pending", 0, None)
 
 
 def test_claim_only_takes_the_workers_queues():
     enqueue("other", {})
-    assert changes.claim(["default"], 10, worker="w", lease=timedelta(minutes=1)).messages == []
+    assert claim.claim(["default"], 10, worker="w", lease=timedelta(minutes=1)).messages == []
 
 
 def test_lease_is_extended_while_a_long_handler_runs(run_worker, settings):
@@ -318,7 +318,7 @@ def test_pruning_removes_only_old_finished_messages(fake_clock):
 def test_a_message_that_keeps_killing_its_worker_stops_after_max_attempts(run_worker):
     message = enqueue("other", {}).message  # the handler allows 2 attempts
     for worker in ("w1", "w2"):  # two attempts that never report (crashed workers)
-        changes.claim(["other"], 1, worker=worker, lease=timedelta(seconds=-1))
+        claim.claim(["other"], 1, worker=worker, lease=timedelta(seconds=-1))
     stats = run_worker(["other"])
     message.refresh_from_db()
     assert (message.status, message.attempt_count) == ("failed", 3)
@@ -416,7 +416,7 @@ def test_a_keyboard_interrupt_in_the_main_thread_is_recorded_and_still_interrupt
     # Handlers run in the main thread only when called directly (the testing
     # helpers' run_pending): there a Ctrl-C must still stop the caller.
     message = enqueue("default", {"raise": "KeyboardInterrupt"}).message
-    batch = changes.claim(["default"], 1, worker="test", lease=timedelta(seconds=30))
+    batch = claim.claim(["default"], 1, worker="test", lease=timedelta(seconds=30))
     with pytest.raises(KeyboardInterrupt):
         execute(batch.messages[0], batch.token, using="default")
     message.refresh_from_db()

@@ -10,18 +10,20 @@ columns a table has, so one test states a behaviour for both.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Model
 
-from django_delayq import clock
+from django_delayq import clock, enqueue
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim as store_claim
+from django_delayq.store import columns
 from django_delayq.store.features import Features, features
+from tests.conftest import FakeClock
 from tests.testapp.models import Shipment
 
 LEASE = timedelta(seconds=30)
@@ -62,8 +64,8 @@ class Table:
         worker: str = "w",
         lease: timedelta = LEASE,
         **options: Any,
-    ) -> changes.Claim:
-        return changes.claim(
+    ) -> store_claim.Claim:
+        return store_claim.claim(
             list(queues), limit, worker=worker, lease=lease, model=self.model, **options
         )
 
@@ -79,7 +81,7 @@ class Table:
         return set(self.model._base_manager.values_list("pk", flat=True))
 
     def has(self, column: str) -> bool:
-        return changes.has_column(self.model, column)
+        return columns.has_column(self.model, column)
 
     def expect(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """``values`` without the columns this table does not have."""
@@ -99,6 +101,14 @@ def subset(state: Mapping[str, Any], expected: Mapping[str, Any]) -> dict[str, A
 
 
 TABLES = [Table(Message), Table(Shipment)]
+
+MESSAGE = Table(Message)
+SHIPMENT = Table(Shipment)
+FINISHED = ("succeeded", "failed", "cancelled")
+# A due time in the past that the test clock never reaches (the tests of
+# statements compiled once run on the database's clock).
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+EXTENDED = timedelta(seconds=90)
 
 
 def can() -> Features:
@@ -164,3 +174,46 @@ def analyze() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {connection.ops.quote_name(Message._meta.db_table)}")
+
+
+def in_thread(function: Callable[[], Any]) -> Callable[[], Any]:
+    """``function`` for another thread: on its own connection, closed afterwards."""
+
+    def run() -> Any:
+        try:
+            return function()
+        finally:
+            connections.close_all()
+
+    return run
+
+
+def superseded_message(fake_clock: FakeClock) -> int:
+    """A message running attempt 1 whose newer version (due in a minute) waits."""
+    first = enqueue("q", {"v": 1}, key="k", max_attempts=3)
+    claimed = MESSAGE.claim()
+    assert [m.pk for m in claimed.messages] == [first.message.pk]
+    fake_clock.advance(1)
+    newer = enqueue(
+        "q", {"v": 2}, key="k", run_at=at(60), max_attempts=4, priority=2, on_conflict="update"
+    )
+    assert newer.outcome == "updated"
+    state = MESSAGE.state(first.message.pk)
+    assert (state["status"], state["superseded_at"]) == ("running", clock.now())
+    assert state["lock_token"] == claimed.token
+    return first.message.pk
+
+
+def newer_version(state: dict[str, Any], now: datetime) -> dict[str, Any]:
+    return {
+        "status": "pending",
+        "next_attempt_time": state["scheduled_time"],
+        "attempt_count": 0,
+        "max_attempts": 4,
+        "superseded_at": None,
+        "finished_at": None,
+        "lock_token": None,
+        "payload": {"v": 2},
+        "priority": 2,
+        "updated_at": now,
+    }

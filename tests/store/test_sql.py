@@ -52,12 +52,13 @@ def always(_: Features) -> bool:
 
 
 USES: dict[str, Use] = {
-    # changes.py
+    # claim.py
     "claim": use(
         lambda f: f.limit_in_subquery, "set", "picked", "columns", "pk", "lock_token", "table"
     ),
     "claim_lanes": use(always, "lanes", "pk", "order", "limit"),
     "claim_lane": use(always, "picked", "number"),
+    # settle.py
     "held_rows": use(always, "ids", "pk", "lock_token", "status", "table"),
     "held_rows_unlocked": use(
         lambda f: f.skip_locked_subquery, "ids", "pk", "lock_token", "status", "table"
@@ -66,11 +67,12 @@ USES: dict[str, Use] = {
     "held_pairs_unlocked": use(lambda f: f.array_parameters, "pk", "lock_token", "status", "table"),
     "no_wait_mariadb": use(lambda f: f.no_wait, "sql"),
     "no_wait_mysql": use(lambda f: f.no_wait, "verb", "rest"),
+    # retention.py
     "delete_archived": use(lambda f: f.pipeline and f.array_parameters, "table"),
     "count_ids": use(lambda f: f.pipeline and f.array_parameters, "table"),
     "delete_ids": use(lambda f: f.pipeline and not f.array_parameters, "table"),
     "archived_versions": use(lambda f: f.pipeline and not f.array_parameters, "table"),
-    # queries.py
+    # groups.py
     "create_group_clear": use(
         lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
     ),
@@ -83,6 +85,7 @@ USES: dict[str, Use] = {
     "drop_group_clear": use(
         lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
     ),
+    # queries.py
     "distinct_values": use(lambda f: f.loose_index_scan, "col", "table", "where"),
     "next_due": use(always, "due", "table", "status", "queues"),
     "row_estimate": use(lambda f: f.row_estimate is not None),

@@ -30,7 +30,8 @@ from hypothesis.stateful import (
 
 from django_delayq import clock, enqueue, enqueue_many, operations
 from django_delayq.models import Message
-from django_delayq.store import changes
+from django_delayq.store import claim as store_claim
+from django_delayq.store import leases, settle
 from tests.conftest import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -116,7 +117,7 @@ class QueueMachine(RuleBasedStateMachine):
     def claim(self, limit: int, lease: int) -> None:
         now = self.clock()
         before = snapshot()
-        got = changes.claim(["default"], limit, worker="w", lease=timedelta(seconds=lease))
+        got = store_claim.claim(["default"], limit, worker="w", lease=timedelta(seconds=lease))
         ids = [m.pk for m in got.messages]
         due = {
             pk
@@ -149,17 +150,17 @@ class QueueMachine(RuleBasedStateMachine):
         before = Message.objects.get(pk=pk).as_dict()
         holds = before["status"] == "running" and before["lock_token"] == token
         changed = {
-            "ack": lambda: changes.ack([pk], token),
-            "fail_retry": lambda: changes.fail(
+            "ack": lambda: settle.ack([pk], token),
+            "fail_retry": lambda: settle.fail(
                 pk, token, error="x", retry_at=None, retry_in=timedelta(seconds=3)
             ),
-            "fail_final": lambda: changes.fail(pk, token, error="x", retry_at=None),
-            "snooze": lambda: changes.snooze(
+            "fail_final": lambda: settle.fail(pk, token, error="x", retry_at=None),
+            "snooze": lambda: settle.snooze(
                 pk, token, run_at=timedelta(seconds=2), max_attempts=before["attempt_count"] + 5
             ),
-            "release_started": lambda: changes.release([pk], token, started=True),
-            "release_unstarted": lambda: changes.release([pk], token, started=False),
-            "extend": lambda: len(changes.extend([pk], token, timedelta(seconds=lease))),
+            "release_started": lambda: leases.release([pk], token, started=True),
+            "release_unstarted": lambda: leases.release([pk], token, started=False),
+            "extend": lambda: len(leases.extend([pk], token, timedelta(seconds=lease))),
         }[op]()
         after = Message.objects.get(pk=pk).as_dict()
         if not holds:
@@ -204,7 +205,7 @@ class QueueMachine(RuleBasedStateMachine):
     def release_dead_worker(self) -> None:
         """The worker "w" was found dead: its running messages are handed back."""
         before = snapshot()
-        changes.release_workers(["w"])
+        leases.release_workers(["w"])
         for pk, after in snapshot().items():
             old = before[pk]
             if old["status"] != "running":

@@ -25,7 +25,7 @@ from django_delayq import enqueue, enqueue_many
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
 from django_delayq.payload import encode_payload
-from django_delayq.store import changes, write
+from django_delayq.store import claim, write
 from django_delayq.store.write import Outcome
 from tests.conftest import FakeClock
 from tests.store.tables import at, can
@@ -55,7 +55,7 @@ def test_outcome_values_are_the_offer_outcomes() -> None:
 def existing(fake_clock: FakeClock) -> dict[str, dict[str, Any]]:
     """A message in every state a new version can meet, all due now at {"v": 1}."""
     enqueue("q", {"v": 1}, key="running")
-    assert len(changes.claim(["q"], 10, worker="w", lease=timedelta(seconds=30)).messages) == 1
+    assert len(claim.claim(["q"], 10, worker="w", lease=timedelta(seconds=30)).messages) == 1
     for key in ("same", "changed", "finished"):
         enqueue("q", {"v": 1}, key=key)
     Message.objects.filter(key="finished").update(
@@ -253,7 +253,7 @@ def put_in_state(key: str, state: str) -> Message:
     if state == "retrying":
         rows.update(attempt_count=2, last_error="e", last_traceback="t", next_attempt_time=at(30))
     elif state == "running":
-        assert changes.claim(["q"], 1, worker="w", lease=timedelta(seconds=30)).messages
+        assert claim.claim(["q"], 1, worker="w", lease=timedelta(seconds=30)).messages
     elif state != "pending":
         rows.update(
             status=state,

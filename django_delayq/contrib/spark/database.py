@@ -27,7 +27,7 @@ from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan, connect
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
-from django_delayq.store import changes, write
+from django_delayq.store import retention, write
 from django_delayq.store.features import features
 
 ARCHIVE_LOCK = "django_delayq.archive"
@@ -192,7 +192,7 @@ def load_plan(
 
 def delete_plan(alias: str) -> DeletePlan:
     connection = connections[alias]
-    statements = changes.archived_delete(connection)
+    statements = retention.archived_delete(connection)
     return DeletePlan(
         target(alias),
         delete_sql=statements["delete_sql"],

@@ -90,7 +90,7 @@ class LoadPlan:
     batch_rows: int = LOAD_BATCH_ROWS
     # Grouped loads: rows are (key, payload, due, group), written in the order
     # given; then this statement holds what waits behind its group, in the
-    # same transaction (store.changes.hold_back_loaded).
+    # same transaction (store.groups.hold_back_loaded).
     hold_back_sql: str = ""
     hold_back_params: tuple[Any, ...] = ()
     # MariaDB/MySQL: the temporary table's DDL, and with update the upsert of

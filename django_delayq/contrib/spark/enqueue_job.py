@@ -32,7 +32,7 @@ Spark read them in, which is each file's own order (Spark reads the files
 of a directory in an order of its own, larger ones first). Their ids follow
 that order, which is the order their group runs in. In each transaction,
 after the insert, the rows that an earlier message of their group holds
-back are marked held (``store.changes.hold_back_loaded``), as
+back are marked held (``store.groups.hold_back_loaded``), as
 ``enqueue_many`` does. The claim keeps a group's order with or without it;
 the hold keeps waiting messages out of the claim's way. It runs on the
 executors, in the insert's transaction, rather than once from the driver

@@ -13,7 +13,7 @@
 {set}, {lock_token} = %s WHERE {pk} IN ({picked}) RETURNING {columns}
 
 -- name: claim_lanes
--- The pick over several queues (changes._pick): {lanes} are each queue's own
+-- The pick over several queues (claim._pick): {lanes} are each queue's own
 -- pick of its first due rows, locked, joined by UNION ALL; the first {limit}
 -- of them in claim order ({order}) are claimed.
 SELECT {pk} FROM ({lanes}) AS delayq_lanes ORDER BY {order} LIMIT {limit}

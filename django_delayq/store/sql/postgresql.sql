@@ -131,7 +131,7 @@ WHERE t.id = a.id AND t.status = a.status AND t.status IN ('succeeded', 'failed'
 SELECT count(*) FROM {table} WHERE id = ANY(%s::bigint[])
 
 -- name: create_group_clear
--- The claim's ordered-group condition for a grouped row (changes.group_clear):
+-- The claim's ordered-group condition for a grouped row (groups.group_clear):
 -- no earlier message of its group still to run (or failed, where its queue
 -- blocks on failure) and none of its group running under a live lease. As a
 -- function its two probes are planned once per connection; as subqueries of

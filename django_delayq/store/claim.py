@@ -1,0 +1,304 @@
+"""The claim: due rows taken by a worker, under one new lock token per claim.
+
+A claimed row is ``running`` with the claim's lock token, one more attempt
+and a lease (its ``next_attempt_time``). Every later change of the worker's
+(``settle``, ``leases``) is a compare-and-set on that token: a worker whose
+lease expired, and whose row was claimed again by someone else, can no
+longer change it. A grouped row is claimed only when its group lets it run
+(``groups.group_clear``); rate limits and concurrency caps wrap the claim
+(``limits``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import Case, DateTimeField, Expression, F, Model, Q, QuerySet, Value, When
+from django.db.models.sql.subqueries import UpdateQuery
+
+from django_delayq import clock
+from django_delayq.conf import get_config, to_timedelta
+from django_delayq.models import Message
+from django_delayq.routers import queue_alias
+from django_delayq.status import Status
+from django_delayq.store.columns import db_alias, fit, has_column, inlined, model_field, quote_names
+from django_delayq.store.features import features
+from django_delayq.store.groups import group_clear
+from django_delayq.store.queries import claimable_condition
+from django_delayq.store.rows import returned_columns, rows_from
+from django_delayq.store.sql import statement
+
+# Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
+# instead of sorting every due row (adding "id" here forces that sort).
+CLAIM_ORDER = ("-priority", "next_attempt_time")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A batch of rows claimed together; they share one lock token."""
+
+    token: uuid.UUID
+    # Messages, or rows of the ``QueueFields`` model that was claimed.
+    messages: list[Any]
+
+
+def claim_order(model: type[Model]) -> tuple[str, ...]:
+    """Highest priority first where the table has one, then by due time."""
+    return CLAIM_ORDER if has_column(model, "priority") else ("next_attempt_time",)
+
+
+def _lease_expression(
+    leases: Mapping[tuple[str, str | None], timedelta], default: timedelta
+) -> Expression:
+    """The database's ``now() + lease``, where the lease depends on queue and kind."""
+    whens = []
+    # Kind-specific handlers must win over their queue's catch-all.
+    for (queue, kind), lease in sorted(leases.items(), key=lambda item: item[0][1] is None):
+        if lease == default:
+            continue
+        condition = Q(queue=queue) if kind is None else Q(queue=queue, kind=kind)
+        whens.append(When(condition, then=clock.sql_now_plus(lease)))
+    default_value = clock.sql_now_plus(default)
+    if not whens:
+        return default_value
+    return Case(*whens, default=default_value, output_field=DateTimeField())
+
+
+@dataclass(frozen=True)
+class _ClaimKey:
+    """Everything a claim statement depends on but its lock token."""
+
+    model: type[Model]
+    alias: str
+    queues: tuple[str, ...] | None  # None: the model is the queue
+    limit: int
+    worker: str
+    lease: timedelta
+    leases: frozenset[tuple[tuple[str, str | None], timedelta]]
+    # Only these kinds (True) or all but these (False); None: every kind.
+    kinds: tuple[frozenset[str], bool] | None = None
+    # WORKER_DEAD_AFTER: a running row is taken only from a worker gone this long.
+    dead_after: timedelta = timedelta(seconds=30)
+
+
+def claim(
+    queues: Collection[str],
+    limit: int,
+    *,
+    worker: str,
+    lease: timedelta,
+    leases: Mapping[tuple[str, str | None], timedelta] | None = None,
+    using: str | None = None,
+    model: type[Model] = Message,
+    kinds: tuple[Collection[str], bool] | None = None,
+) -> Claim:
+    """Claim up to ``limit`` due rows of ``queues``, highest priority first.
+
+    Due means pending with ``next_attempt_time <= now``, or running with an
+    expired lease (the redelivery of a crashed worker's message). Claimed
+    rows become ``running`` with a fresh token, one more attempt, and a lease
+    of ``now + lease``. For a ``QueueFields`` model, ``queues`` and
+    ``leases`` are ignored (the model is the queue) and every row gets ``lease``.
+    ``kinds``: ``(kinds, True)`` claims only messages of those kinds,
+    ``(kinds, False)`` all but those (a limited kind's claims are separate).
+    """
+    alias = db_alias(using, model)
+    token = uuid.uuid4()
+    lanes: tuple[str, ...] | None = tuple(queues)
+    if not has_column(model, "queue"):
+        lanes, leases = None, None
+    elif not lanes:
+        return Claim(token, [])  # no queue given: nothing to claim (not "every queue")
+    key = _ClaimKey(
+        model,
+        alias,
+        lanes,
+        limit,
+        worker[:255],
+        lease,
+        frozenset((leases or {}).items()),
+        None if kinds is None else (frozenset(kinds[0]), kinds[1]),
+        to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
+    )
+    if features(connections[alias]).limit_in_subquery:
+        messages = _claim_in_one_statement(key, token)
+        # RETURNING has no order: run them highest priority first, then oldest.
+        if has_column(model, "priority"):
+            messages.sort(key=lambda m: (-m.priority, m.pk))
+        else:
+            messages.sort(key=lambda m: m.pk)
+        return Claim(token, messages)
+    # MariaDB/MySQL: no UPDATE ... RETURNING, and no LIMIT in an IN
+    # subquery: lock the rows we pick (skipping those other workers are
+    # picking, so claimers never wait on each other), mark them, read them.
+    rows = model._base_manager.using(alias)
+    connection = connections[alias]
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        cursor.execute(*_pick(key))
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return Claim(token, [])
+        rows.filter(pk__in=ids).update(**_claim_changes(key), lock_token=token)
+    messages = list(rows.filter(lock_token=token, status="running").order_by(*claim_order(model)))
+    return Claim(token, messages)
+
+
+def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
+    """The locking pick of the first ``limit`` due rows (their keys), compiled.
+
+    Over several queues, each queue's first rows are picked from its own
+    range of ``delayq_claim_idx`` and the first ``limit`` of those taken:
+    one pick of ``queue IN (...)`` cannot read that index in claim order,
+    so it read every due row of the queues and sorted them (2 s at 100,000
+    due rows on PostgreSQL, where a queue of its own took 5 ms). A queue's
+    rows beyond the ``limit`` taken stay locked until the claim's statement
+    (or transaction) ends: another claim skips them meanwhile, as it skips
+    rows being claimed. Called inside a transaction (Django writes ``FOR
+    UPDATE`` only there).
+    """
+    connection = connections[key.alias]
+    if key.queues is None or len(key.queues) < 2:
+        picked = _picked(key).select_for_update(skip_locked=True)
+        one_sql, one_params = picked.query.get_compiler(key.alias).as_sql()
+        return one_sql, tuple(one_params)
+    # The lanes' columns under names of their own: a name of the table's
+    # ("id") would also resolve to the UPDATE's row where a lane lacked it.
+    order = claim_order(key.model)
+    columns = {"delayq_pk": F("pk")}
+    columns.update((f"delayq_by{n}", F(name.lstrip("-"))) for n, name in enumerate(order))
+    lanes: list[str] = []
+    params: list[Any] = []
+    for number, queue in enumerate(key.queues):
+        lane = replace(key, queues=(queue,))
+        picked = _picked(lane, columns).select_for_update(skip_locked=True)
+        lane_sql, lane_params = picked.query.get_compiler(key.alias).as_sql()
+        lanes.append(
+            statement("claim_lane", features(connection)).format(picked=lane_sql, number=number)
+        )
+        params.extend(lane_params)
+    sql = statement("claim_lanes", features(connection)).format(
+        lanes=" UNION ALL ".join(lanes),
+        pk="delayq_pk",
+        order=", ".join(
+            f"delayq_by{n}" + (" DESC" if name.startswith("-") else "")
+            for n, name in enumerate(order)
+        ),
+        limit=int(key.limit),
+    )
+    return sql, tuple(params)
+
+
+def _picked(key: _ClaimKey, columns: Mapping[str, F] | None = None) -> QuerySet[Any]:
+    """The first ``limit`` due rows of the queues, in claim order (their keys, or
+    ``columns``: names and the fields they read).
+
+    A grouped message is picked only if its group lets it run
+    (:func:`groups.group_clear`); the condition is evaluated for grouped rows
+    alone, so other messages cost nothing more.
+    """
+    now = clock.sql_now()
+    connection = connections[key.alias]
+    condition = claimable_condition(
+        now,
+        key.dead_after,
+        # The workers' heartbeats are in the queue's database: a model's table
+        # elsewhere is taken back on its leases alone.
+        liveness=key.alias == queue_alias(),
+        function=features(connection).group_function,
+        pids=connection.vendor == "sqlite",
+    )
+    due = key.model._base_manager.using(key.alias).filter(condition)
+    if key.queues is not None:
+        due = due.filter(queue__in=list(key.queues))
+    if key.kinds is not None:
+        kinds, only = key.kinds
+        due = due.filter(kind__in=list(kinds)) if only else due.exclude(kind__in=list(kinds))
+    if has_column(key.model, "group"):
+        due = due.filter(group_clear(key.model, key.queues or (), now, using=key.alias))
+    due = due.order_by(*claim_order(key.model))
+    return (due.values(**columns) if columns else due.values("pk"))[: key.limit]
+
+
+def _claim_changes(key: _ClaimKey) -> dict[str, Any]:
+    """What a claim writes, but the lock token.
+
+    A row whose newer version was waiting (its previous attempt's lease ran
+    out) starts that version's first attempt.
+    """
+    now = clock.sql_now()
+    changes: dict[str, Any] = {
+        "status": Status.RUNNING,
+        "locked_by": key.worker,
+        "attempt_count": F("attempt_count") + 1,
+        "last_attempt_time": now,
+        "next_attempt_time": _lease_expression(dict(key.leases), key.lease),
+        "updated_at": now,
+    }
+    if has_column(key.model, "superseded_at"):
+        changes["attempt_count"] = Case(
+            When(superseded_at__isnull=False, then=Value(1)),
+            default=F("attempt_count") + 1,
+            output_field=model_field(key.model, "attempt_count"),
+        )
+        changes["superseded_at"] = None
+    return fit(key.model, changes)
+
+
+_claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
+
+
+def forget_compiled_claims() -> None:
+    """Compile claims again (the settings they depend on changed)."""
+    _claim_statements.clear()
+
+
+def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
+    """Pick, mark and read the claimed rows in one statement (PostgreSQL, SQLite).
+
+    ``UPDATE ... WHERE pk IN (<the first due rows> FOR UPDATE SKIP LOCKED)
+    RETURNING *``: one round trip, and in autocommit its own transaction.
+    The pick is the ORM's ``select_for_update(skip_locked=True)``: on
+    PostgreSQL it locks the rows it picks and skips those other workers are
+    picking, so claimers never wait on each other and never pick the same
+    row; SQLite has no row locks (Django leaves the clause out) but runs one
+    write statement at a time, which serialises claims just as well. The
+    statement is compiled once per worker, lane and size (while the clock
+    is the database's): only the lock token changes from one claim to the
+    next, and compiling it cost as much as running it.
+    """
+    model, alias = key.model, key.alias
+    connection = connections[alias]
+    compiled = None if clock.is_overridden() else _claim_statements.get(key)
+    if compiled is None:
+        # Django writes FOR UPDATE only inside a transaction; the claim runs
+        # as one statement, which is a transaction of its own.
+        locks = connection.features.has_select_for_update
+        with transaction.atomic(using=alias, savepoint=False) if locks else nullcontext():
+            picked_sql, picked_params = _pick(key)
+        query = UpdateQuery(model)
+        query.add_update_values(_claim_changes(key))
+        set_sql, set_params = query.get_compiler(alias).as_sql()
+        cache = not clock.is_overridden()
+        if cache:
+            set_sql, set_params = inlined(connection, set_sql, set_params)
+            picked_sql, picked_params = inlined(connection, picked_sql, picked_params)
+        sql = statement("claim", features(connection)).format(
+            set=set_sql,
+            picked=picked_sql,
+            columns=returned_columns(model, connection.ops.quote_name),
+            **quote_names(model, connection, "pk", "lock_token"),
+        )
+        compiled = (sql, tuple(set_params), tuple(picked_params))
+        if cache:
+            _claim_statements[key] = compiled
+    sql, set_params, picked_params = compiled
+    token_param = model_field(model, "lock_token").get_db_prep_value(token, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*set_params, token_param, *picked_params])
+        return rows_from(model, connection, cursor.fetchall())

@@ -1,0 +1,195 @@
+"""Leases of held rows: given back, extended, read; dead workers' rows handed back.
+
+A worker gives back what it claimed but will not run (:func:`release`) and
+pushes the lease of what it runs (:func:`extend`), with the compare-and-set
+on ``(id, lock_token)`` of every worker's change (``settle.update_held``); the
+reads (:func:`held_ids`, :func:`states`) tell it whether an attempt is still
+its own. The Tasks backend's payload writes are a held row's writes too
+(:func:`write_payload`), and a live worker hands back the messages of dead
+ones (:func:`release_workers`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Case, Expression, F, Model, Q, Value, When
+
+from django_delayq import clock
+from django_delayq.models import Message
+from django_delayq.status import Status
+from django_delayq.store.columns import db_alias, has_column, model_field
+from django_delayq.store.groups import wake
+from django_delayq.store.settle import ending, update_held
+
+
+def release(
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    *,
+    started: bool,
+    using: str | None = None,
+    model: type[Model] = Message,
+) -> int:
+    """Give rows back for immediate redelivery (shutdown).
+
+    Rows that were claimed but never started get their attempt back. A row
+    locked by an open transaction (a group of atomic handlers still running
+    past the shutdown grace) is left alone: its transaction ends with the
+    process, and the row comes back when its lease expires.
+    """
+    now = clock.sql_now()
+    changes: dict[str, object] = {
+        "status": Status.PENDING,
+        "next_attempt_time": now,
+        "lock_token": None,
+        "updated_at": now,
+    }
+    if not started:
+        # Not GREATEST(attempt_count - 1, 0): on MariaDB/MySQL the column is
+        # unsigned, and 0 - 1 is an error there before GREATEST sees it.
+        changes["attempt_count"] = Case(
+            When(attempt_count__gt=0, then=F("attempt_count") - 1), default=Value(0)
+        )
+    return int(update_held(ids, token, changes, using=using, model=model, skip_locked=True))
+
+
+def extend(
+    ids: Iterable[Any],
+    token: uuid.UUID,
+    lease: timedelta,
+    *,
+    model: type[Model] = Message,
+    using: str | None = None,
+    wait: bool = False,
+) -> set[Any]:
+    """Push the lease of rows still held; returns the ids extended.
+
+    Rows locked by another transaction are skipped rather than waited for,
+    so the lease keeper never stalls behind an open transaction; ``wait``
+    waits for them instead (the keeper's waiters, one row each: while one
+    waits for a lock, no other worker's claim can take that row, which
+    skips locked rows, and the extension lands the moment the lock goes).
+    """
+    changes = {
+        "next_attempt_time": _lease_until(model, clock.sql_now_plus(lease)),
+        "updated_at": clock.sql_now(),
+    }
+    return set(
+        update_held(
+            ids,
+            token,
+            changes,
+            using=using,
+            model=model,
+            same_as=("extend", lease),
+            skip_locked=not wait,
+            returning=True,
+        )
+    )
+
+
+def _lease_until(model: type[Model], expiry: Expression) -> Expression:
+    """A lease ending at ``expiry``, written so that a waiting newer version keeps its time.
+
+    ``next_attempt_time`` is when a row may next be claimed. While a newer
+    version waits (``superseded_at``), that is the later of the lease and the
+    new version's due time (``scheduled_time``, as enqueue's update wrote it):
+    an extension must not pull it back to the lease alone, or a worker killed
+    after it would have the new version run as soon as the lease lapsed.
+    """
+    if not has_column(model, "superseded_at"):
+        return expiry
+    return Case(
+        When(
+            Q(superseded_at__isnull=False, scheduled_time__gt=expiry),
+            then=F("scheduled_time"),
+        ),
+        default=expiry,
+        output_field=model_field(model, "next_attempt_time"),
+    )
+
+
+def held_ids(
+    ids: Iterable[Any], token: uuid.UUID, *, using: str | None = None, model: type[Model] = Message
+) -> set[Any]:
+    """Which of ``ids`` are still running under ``token`` (a plain read, no lock)."""
+    rows = model._base_manager.using(db_alias(using, model))
+    held = rows.filter(pk__in=list(ids), lock_token=token, status=Status.RUNNING)
+    return set(held.values_list("pk", flat=True))
+
+
+@dataclass(frozen=True)
+class RowState:
+    """What a row says of the attempt that last claimed it (a plain read, no lock)."""
+
+    status: str
+    lock_token: uuid.UUID | None
+    last_attempt_time: datetime | None
+
+    def holds(self, token: uuid.UUID) -> bool:
+        """Still running under ``token``: an outcome under it can still be written."""
+        return self.status == Status.RUNNING and self.lock_token == token
+
+    def ended(self, token: uuid.UUID, attempted_at: datetime | None) -> bool:
+        """Ended by the attempt that was claimed at ``attempted_at`` (not claimed again
+        since: a claim moves ``last_attempt_time``): its outcome was written, though its
+        writer never heard back (a connection lost with the commit's reply)."""
+        return (
+            self.status != Status.RUNNING
+            and self.lock_token != token
+            and self.last_attempt_time is not None
+            and self.last_attempt_time == attempted_at
+        )
+
+
+def states(
+    ids: Iterable[Any], *, using: str | None = None, model: type[Model] = Message
+) -> dict[Any, RowState]:
+    """The :class:`RowState` of each of ``ids`` that still exists."""
+    rows = model._base_manager.using(db_alias(using, model)).filter(pk__in=list(ids))
+    found = rows.values_list("pk", "status", "lock_token", "last_attempt_time")
+    return {pk: RowState(status, token, at) for pk, status, token, at in found}
+
+
+def write_payload(
+    message_id: int, token: uuid.UUID, payload: object, *, using: str | None = None
+) -> int:
+    """Replace the payload of a message still held; returns 1 if it was ours.
+
+    The Django Tasks backend keeps a task's outcome (return value, errors)
+    beside its call in the payload; like every write of a worker, it is a
+    compare-and-set on the lock token.
+    """
+    changes = {"payload": payload, "updated_at": clock.now()}
+    return int(update_held([message_id], token, changes, using=using, model=Message))
+
+
+def release_workers(names: Collection[str], *, using: str | None = None) -> dict[str, int]:
+    """Hand back the running messages of these (dead) workers; returns counts by worker.
+
+    The messages become due at once and keep their attempt count (the
+    attempt was spent: a message that kills every worker that runs it still
+    stops at ``max_attempts``). Clearing the lock token fences off the
+    "dead" worker should it only have been frozen.
+    """
+    alias = db_alias(using)
+    released: dict[str, int] = {}
+    for name in names:
+        handed_back = {
+            "status": Status.PENDING,
+            "next_attempt_time": clock.sql_now(),
+            "lock_token": None,
+            "updated_at": clock.sql_now(),
+        }
+        rows = Message.objects.using(alias).held_by([name])
+        queues = set(rows.order_by().values_list("queue", flat=True).distinct())
+        count = rows.update(**ending(Message, handed_back))
+        if count:
+            released[name] = count
+            wake(queues, using=alias)
+    return released

@@ -1,0 +1,65 @@
+"""Pruning: finished messages deleted once their retention passed, and archived rows.
+
+The policy (how long a message is kept, how many rows a batch deletes) is
+``django_delayq/retention.py``'s; the deletes are here, bounded and batched.
+The Spark pipeline's archive deletes the rows it archived that are still at
+their archived version, with the statements of :func:`archived_delete`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from django_delayq.models import Message
+from django_delayq.store.columns import batches, db_alias
+from django_delayq.store.features import features
+from django_delayq.store.sql import statement
+
+
+def prune(
+    cutoff: datetime,
+    *,
+    batch_size: int,
+    max_batches: int | None = None,
+    queues: Collection[str] | None = None,
+    using: str | None = None,
+) -> int:
+    """Delete finished messages that finished before ``cutoff``, ``batch_size`` at a time.
+
+    Deletes go in bounded batches by primary key, so pruning a large backlog
+    never holds long locks or one huge transaction on a table workers claim
+    from (``delayq_finished_idx`` finds them). A batch larger than a
+    statement binds (``PRUNE_BATCH_SIZE`` is any positive number) is deleted
+    ``IN_BATCH`` ids at a time, in one transaction.
+    """
+    alias = db_alias(using)
+    expired = Message.objects.using(alias).in_queues(queues).expired(cutoff)
+    total = rounds = 0
+    while max_batches is None or rounds < max_batches:
+        ids = list(expired.order_by().values_list("id", flat=True)[:batch_size])
+        if not ids:
+            break
+        with transaction.atomic(using=alias):
+            for chunk in batches(ids):
+                total += expired.filter(id__in=chunk).delete()[0]
+        rounds += 1
+    return total
+
+
+def archived_delete(connection: Any) -> dict[str, str]:
+    """The statements that delete archived rows still at their archived version (Spark)."""
+    can = features(connection)
+    table = connection.ops.quote_name(Message._meta.db_table)
+    if can.array_parameters:
+        return {
+            "delete_sql": statement("delete_archived", can).format(table=table),
+            "count_sql": statement("count_ids", can).format(table=table),
+        }
+    return {
+        "delete_sql": statement("delete_ids", can).format(table=table),
+        "select_sql": statement("archived_versions", can).format(table=table),
+    }
