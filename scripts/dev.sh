@@ -245,9 +245,13 @@ ensure_quick_venv() {
 }
 
 # What the quick run leaves out: the browser, the Spark pipeline, the tests
-# that start run_delayq processes (the chaos and adversary runs among them)
-# and the documentation. make test runs them all.
-QUICK=(-m "not browser and not pipeline and not process" --ignore=tests/docs tests)
+# that start run_delayq processes (the chaos and adversary runs among them),
+# the fault injection at each of the worker's call sites and the
+# documentation. make test runs them all.
+QUICK=(
+  -m "not browser and not pipeline and not process"
+  --ignore=tests/docs --ignore=tests/integration/test_faults.py tests
+)
 
 run_quick() {
   # PostgreSQL and SQLite at the same time, each in WORKERS processes; the

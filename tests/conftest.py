@@ -32,16 +32,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     through ``async_to_sync`` would then refuse to run.
 
     With ``--dist loadgroup`` (scripts/dev.sh) a file's tests run in one
-    process, in their order (they share fixtures), and so do all the Spark
-    pipeline's: each process that runs one starts a Spark session, a JVM of
-    most of a gigabyte and seconds of CPU, so one per run, not one per process.
+    process, in their order (they share fixtures), and the Spark pipeline's
+    in two: each process that runs one starts a Spark session, a JVM of most
+    of a gigabyte and seconds of CPU, so two per run rather than one per
+    process, each with about half of the pipeline's time (the archive and the
+    standalone cluster; the rest).
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
         pipeline = item.get_closest_marker("pipeline") is not None
-        group = "pipeline" if pipeline else item.nodeid.split("::", 1)[0]
+        path = item.nodeid.split("::", 1)[0]
+        if pipeline:
+            archive = path.endswith(("test_archive.py", "test_cluster.py"))
+            group = "pipeline-archive" if archive else "pipeline"
+        else:
+            group = path
         item.add_marker(pytest.mark.xdist_group(group))
 
 

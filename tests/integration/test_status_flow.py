@@ -63,12 +63,22 @@ def test_status_prints_limits_closeness_throttled_held_and_blocked(flows):
     assert queues["other"][-1] == "active"
 
 
+def keep_in_window() -> None:
+    """Move the starts a claim recorded an hour ahead: a 5/s window read after a
+    slow second (a loaded machine) still holds them. What is read is the count."""
+    from django_delayq import clock
+    from django_delayq.models import FlowStart
+
+    FlowStart.objects.update(started_at=clock.sql_now_plus(timedelta(hours=1)))
+
+
 def test_status_prints_a_row_per_limited_kind(fake_clock):
     # tests/testapp/handlers.py: "limited" runs at most 2 at once, its webhooks 5/s.
     enqueue_many("limited", [{}] * 3, kind="webhook")
     claim_limited(
         ["limited"], 10, limits_of("limited"), worker="w", lease=LEASE, kinds=(["webhook"], True)
     )
+    keep_in_window()
     rows = table(status(), "flow")
     assert rows["limited"] == ["limited", "-", "-", "2", "2", "yes", "0", "0"]
     assert rows["limited/webhook"] == ["limited/webhook", "5/s", "2", "-", "-", "no"]
