@@ -178,6 +178,12 @@ DATABASE_LEG=(
   --ignore=tests/pipeline/test_payload_property.py --ignore=tests/pipeline/test_cluster.py
 )
 
+PREPARED_TESTS=(
+  tests/store tests/process tests/integration/test_enqueue.py tests/integration/test_worker.py
+  tests/integration/test_acks.py tests/integration/test_atomic_groups.py
+  tests/integration/test_limits.py tests/integration/test_groups.py
+)
+
 run_suite() {
   local pg_url sqlite_url
   pg_url="$(scripts/ensure-postgres.sh)"
@@ -189,12 +195,12 @@ run_suite() {
   log "example project's tests on PostgreSQL"
   DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider example_project
   # The configuration the README recommends for speed (server-side parameters
-  # and prepared statements): every statement the store sends, and the
-  # worker's processes.
+  # and prepared statements): every statement the store sends (its
+  # conformance suite), the enqueue API, the worker and its acknowledgements,
+  # limits and groups in process, and real run_delayq processes.
   log "core suite on PostgreSQL with prepared statements"
   DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
-    "${PARALLEL[@]}" tests/integration tests/store tests/process \
-    --ignore=tests/integration/test_faults.py
+    "${PARALLEL[@]}" "${PREPARED_TESTS[@]}"
   run_pgbouncer_suite "$pg_url"
   log "test suite on SQLite: what differs by database ($sqlite_url, $WORKERS processes)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "${PARALLEL[@]}" "${DATABASE_LEG[@]}" "$@"
