@@ -9,7 +9,6 @@ import os
 from datetime import timedelta
 
 import pytest
-from django.urls import reverse
 from django.utils import timezone
 
 from django_delayq import enqueue
@@ -93,7 +92,7 @@ def test_the_message_list_fits(page, admin_login, width):
 # make the page about 1,590 px wide.
 @pytest.mark.xfail(strict=True, reason="known: the dashboard's queue table needs about 1,600 px")
 @pytest.mark.parametrize("width", WIDTHS)
-def test_the_dashboard_fits(page, live_server, admin_login, width):
+def test_the_dashboard_fits(page, admin_login, width):
     realistic_messages()
     page.set_viewport_size({"width": width, "height": 900})
     base = admin_login()
