@@ -154,14 +154,14 @@ run_dist() {
 
 # The suite runs in parallel (pytest-xdist) where its tests are independent:
 # each of the WORKERS processes has its own test database (pytest-django adds
-# _gw0, _gw1... to its name) and takes whole groups of tests (tests/conftest.py:
-# a file's tests share fixtures and run in their order; the Spark pipeline's
-# all run in one process, which starts one JVM for them). Most of a test's
+# _gw0, _gw1... to its name) and takes whole files (tests/conftest.py: a file's
+# tests share fixtures and run in their order; the Spark pipeline's run in two
+# processes, each of which starts a JVM for them). Most of a test's
 # time is spent waiting on another process (a worker, a subprocess, the
 # database), so there are more of them than cores. The browser tests run
 # after, in one process (Playwright keeps one Chromium for the session).
 WORKERS="${DELAYQ_TEST_WORKERS:-$(( $(nproc) + 2 ))}"
-PARALLEL=(-n "$WORKERS" --dist loadgroup)
+PARALLEL=(-n "$WORKERS" --dist loadfile)
 
 # PostgreSQL runs the whole suite. SQLite and MariaDB/MySQL run what differs
 # by database: the store's conformance suite, the enqueue API and the worker

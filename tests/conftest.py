@@ -23,34 +23,45 @@ from django_delayq import clock
 from django_delayq.worker import Worker
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the browser tests last, and group the tests for pytest-xdist.
+    """Run the browser tests last.
 
     Playwright's sync API keeps an asyncio event loop running in the main
     thread while its (session-wide) browser is open; any later test that goes
     through ``async_to_sync`` would then refuse to run.
-
-    With ``--dist loadgroup`` (scripts/dev.sh) a file's tests run in one
-    process, in their order (they share fixtures), and the Spark pipeline's
-    in two: each process that runs one starts a Spark session, a JVM of most
-    of a gigabyte and seconds of CPU, so two per run rather than one per
-    process, each with about half of the pipeline's time (the archive and the
-    standalone cluster; the rest).
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        pipeline = item.get_closest_marker("pipeline") is not None
-        path = item.nodeid.split("::", 1)[0]
-        if pipeline:
-            archive = path.endswith(("test_archive.py", "test_cluster.py"))
-            group = "pipeline-archive" if archive else "pipeline"
-        else:
-            group = path
-        item.add_marker(pytest.mark.xdist_group(group))
 
+
+# Where pytest-xdist sends the tests (scripts/dev.sh runs --dist loadfile): a
+# file's tests go to one process and run in their order (they share fixtures),
+# and the Spark pipeline's go to two: each process that runs one starts a
+# Spark session, a JVM of most of a gigabyte and seconds of CPU, so two per
+# run rather than one per process, each with about half of the pipeline's
+# time (the archive and the standalone cluster; the rest).
+PIPELINE = "tests/pipeline/"
+PIPELINE_ARCHIVE = ("tests/pipeline/test_archive.py", "tests/pipeline/test_cluster.py")
+
+
+def test_group(nodeid: str) -> str:
+    """The unit of work pytest-xdist gives one process: a file, or a half of the pipeline."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(PIPELINE):
+        return "pipeline-archive" if path in PIPELINE_ARCHIVE else "pipeline"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Grouped(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    return Grouped(config, log)
 
 ROOT = Path(__file__).resolve().parent.parent
 
