@@ -789,6 +789,18 @@ def create_rejects_file(path: str) -> int:
     return fd
 
 
+# What str.splitlines() ends a line at besides \n and \r. JSON text holds them
+# raw only inside strings (where the control characters are escaped already,
+# by Python and by Spark), so a JSON-lines file escapes them there too: a
+# reader's splitlines() then cuts it at its newlines only.
+_LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def jsonl_text(text: str) -> str:
+    """JSON ``text`` fit for one line of a JSON-lines file (see ``_LINE_BREAKS``)."""
+    return text.translate(_LINE_BREAKS)
+
+
 def _as_json(line: str) -> str:
     """A JSON line as it is if it is standard JSON, else as a JSON string of its text
     (malformed, or holding NaN or Infinity, which Python's parser takes)."""
@@ -810,7 +822,7 @@ def reject_record(reason: str, row: str, *, lines: bool = False) -> str:
     JSON line itself, given as a JSON string if it is not JSON.
     """
     text = _as_json(row) if lines else row
-    return f'{{"reason": {json.dumps(reason)}, "row": {text}}}\n'
+    return jsonl_text(f'{{"reason": {json.dumps(reason)}, "row": {text}}}') + "\n"
 
 
 def write_rejects(prepared: DataFrame, path: str, *, lines: bool = False) -> None:
