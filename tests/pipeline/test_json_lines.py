@@ -250,6 +250,35 @@ def test_a_key_group_or_run_at_of_another_json_type_is_a_rejected_row(tmp_path: 
     )
 
 
+def test_a_key_or_group_holding_a_lone_surrogate_is_a_rejected_row(tmp_path: Path) -> None:
+    """``{"id": "a\\ud800"}`` (a JSON escape) was keyed ``"a?"``: enqueue refuses such a key."""
+    lines = [
+        '{"id": "a\\ud800", "g": "x", "v": 1}',
+        '{"id": "b", "g": "\\udc00", "v": 2}',
+        '{"id": "c", "g": "x", "v": 3, "note": "\\ud83d"}',
+        *(json.dumps({"id": f"k{i}", "g": "x", "v": i}) for i in range(4)),
+    ]
+    source = write_lines(tmp_path / "lone.jsonl", lines)
+    summary, _ = run_pipeline(
+        "enqueue", str(source), "--queue", "lone", "--key-column", "id", "--group-column", "g",
+        "--payload-columns", "v", "--max-reject-rate", "0.5",
+    )  # fmt: skip
+    assert (summary.created, summary.rejected) == (5, 2)
+    assert set(Message.objects.values_list("key", flat=True)) == {"c", "k0", "k1", "k2", "k3"}
+    assert sorted(r["reason"] for r in rejects(summary)) == [
+        "group column 'g' contains a lone surrogate (\\udc00 at character 0), which is no "
+        "UTF-8 text and no database stores",
+        "key column 'id' contains a lone surrogate (\\ud800 at character 1), which is no "
+        "UTF-8 text and no database stores",
+    ]
+    # Without a key column the row is keyed by every column, the one left out too.
+    summary, _ = run_pipeline(
+        "enqueue", str(source), "--queue", "lone_keyless", "--payload-columns", "v",
+        "--rejects", str(tmp_path / "keyless.rejects.jsonl"),
+    )  # fmt: skip
+    assert (summary.created, summary.rejected) == (7, 0)
+
+
 def test_an_order_column_beside_payloads_spark_refused_keeps_its_order(tmp_path: Path) -> None:
     """Numbers order as numbers, exactly past 2**53, whatever the payloads hold."""
     base = 2**60

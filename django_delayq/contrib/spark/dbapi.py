@@ -246,21 +246,35 @@ def decode_line(
     other rows' sizes. Runs on the executors, without Django's settings.
     """
     from django_delayq.payload import dumps, encode_payload
+    from django_delayq.values import SURROGATE, escape_surrogates
 
     value, reason = parse_line(line)
     if value is None:
         return None, reason, None
     for name, role in plain:
-        kind = json_kind(value.get(name))
+        found = value.get(name)
+        kind = json_kind(found)
         kinds, why = _PLAIN_KINDS[role]
         if kind not in kinds:
             article = "an" if kind[0] in "aeiou" else "a"
             return None, f"{role} column {name!r} holds {article} {kind}; {why}", None
+        # Spark would write it as "?": a JSON escape (\ud800) is the only way in.
+        lone = SURROGATE.search(found) if isinstance(found, str) else None
+        if lone is not None:
+            return (
+                None,
+                f"{role} column {name!r} contains a lone surrogate "
+                f"({escape_surrogates(lone.group())} at character {lone.start()}), which is "
+                "no UTF-8 text and no database stores",
+                None,
+            )
     try:
         text = encode_payload({n: value.get(n) for n in payload}, max_size=0)
     except (TypeError, ValueError) as exc:
         return None, str(exc), None
-    row = None if columns is None else dumps({n: value.get(n) for n in columns})
+    row = None
+    if columns is not None:  # escaped: a column left out of the payload may hold one
+        row = escape_surrogates(dumps({n: value.get(n) for n in columns}))
     return text, None, row
 
 
