@@ -8,7 +8,12 @@ The size limit (``MAX_PAYLOAD_SIZE``, 1 MiB by default) is far above what
 these generate.
 
 Profiles: ``DELAYQ_HYPOTHESIS_PROFILE=thorough`` runs 10,000 cases per
-property (the default profile a modest number, for ``make test``).
+property (the default profile a modest number, for ``make test``). The
+properties that run Spark take their share of that number
+(:func:`spark_examples`) and do not shrink a failing example, which took
+minutes of pipeline runs: the failure reports the example as found, with
+what it needs to be replayed (``@reproduce_failure``).
+``DELAYQ_HYPOTHESIS_SHRINK=1`` shrinks them too, when time allows.
 """
 
 from __future__ import annotations
@@ -42,6 +47,22 @@ def examples(share: float = 1.0, least: int = 5) -> hypothesis.settings:
     """The profile's settings, with ``share`` of its examples (at least ``least``), for
     slow paths such as Spark."""
     return hypothesis.settings(PROFILE, max_examples=max(least, int(PROFILE.max_examples * share)))
+
+
+def spark_examples(share: float = 1.0, least: int = 5) -> hypothesis.settings:
+    """:func:`examples` for properties whose every example runs a Spark job: no shrinking
+    (each step is a pipeline run; Hypothesis shrinks for up to five minutes) and no
+    explaining, unless ``DELAYQ_HYPOTHESIS_SHRINK=1``; no deadline."""
+    settings = examples(share, least)
+    if os.environ.get("DELAYQ_HYPOTHESIS_SHRINK") == "1":
+        return hypothesis.settings(settings, deadline=None)
+    slow = {hypothesis.Phase.shrink, hypothesis.Phase.explain}
+    return hypothesis.settings(
+        settings,
+        deadline=None,
+        phases=[p for p in settings.phases if p not in slow],
+        print_blob=True,
+    )
 
 
 # Any character but NUL and the lone surrogates: what every database stores.

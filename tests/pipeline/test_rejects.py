@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -139,3 +140,51 @@ def test_a_rejects_path_in_a_missing_directory_is_refused_before_spark_reads(
     message = refused(*args(source, "--rejects", str(target)))
     assert message == f"--rejects {target}: the directory {target.parent} does not exist"
     assert not Message.objects.exists()
+
+
+# Every character but \n and \r that str.splitlines() breaks a line at.
+LINE_BREAKERS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def test_rejects_lines_hold_no_raw_line_breaks_for_splitlines(tmp_path: Path) -> None:
+    """A rejected row's text kept U+0085, U+2028 and U+2029 raw: ``splitlines()`` cut its
+    line in two, and neither half was JSON."""
+    text = f"a{LINE_BREAKERS}b"
+    rows: list[list[object]] = [[f"user{i}@example.com", i] for i in range(8)]
+    rows += [["", text], ["x" * 256 + text, 9]]
+    csv_source = write_csv(tmp_path / "breaks.csv", HEADER, rows)
+    summary, _ = run_pipeline(*args(csv_source, "--max-reject-rate", "0.5"))
+    assert (summary.created, summary.rejected) == (8, 2)
+    lines = Path(str(summary.rejects_path)).read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"reason": "key column 'email' is null", "row": {"email": None, "n": text}},
+        {
+            "reason": f"key column 'email' is {256 + len(text)} characters, over 255",
+            "row": {"email": "x" * 256 + text, "n": "9"},  # a column of text, beside the first
+        },
+    ]
+
+    nan_line = json.dumps({"email": "b0", "n": [{"\x85": None}, math.nan]}, ensure_ascii=False)
+    null_line = json.dumps({"email": None, "n": text}, ensure_ascii=False)
+    at_line = json.dumps({"email": "b2", "n": 1, "at": text}, ensure_ascii=False)
+    good = [json.dumps({"email": f"g{i}", "n": i, "at": "2030-01-01T00:00:00Z"}) for i in range(8)]
+    json_source = tmp_path / "breaks.jsonl"
+    json_source.write_text("\n".join([nan_line, null_line, at_line, *good]) + "\n", "utf-8")
+    summary, _ = run_pipeline(
+        *args(json_source, "--run-at-column", "at", "--max-reject-rate", "0.5")
+    )
+    assert (summary.created, summary.rejected) == (8, 3)
+    lines = Path(str(summary.rejects_path)).read_text(encoding="utf-8").splitlines()
+    found = [json.loads(line) for line in lines]
+    assert sorted(found, key=lambda r: r["reason"]) == [
+        {"reason": "key column 'email' is null", "row": {"email": None, "n": text}},
+        {
+            # Not JSON (NaN): the line is given as its text.
+            "reason": "payload['n'][1] is nan, which JSON cannot hold",
+            "row": nan_line,
+        },
+        {
+            "reason": f"run-at column 'at' is not a timestamp: {text}",
+            "row": {"email": "b2", "n": 1, "at": text},
+        },
+    ]

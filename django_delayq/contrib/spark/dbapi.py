@@ -152,19 +152,43 @@ def write_partition(plan: LoadPlan, rows: Iterable[Any]) -> Iterator[tuple[int, 
     yield writer(plan, map(_as_enqueue_writes, rows)).as_tuple()
 
 
-def payload_of_line(names: tuple[str, ...], line: str) -> tuple[str | None, str | None]:
-    """``(payload JSON text, None)`` from one JSON line's ``names``, or ``(None, reason)``.
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
 
-    Parsed and checked as ``enqueue`` checks a payload (``payload.py``: the
-    same types, floats, depth, lone surrogates); the size is checked in the
-    JVM with the other rows' sizes. Runs on the executors, without Django's
-    settings.
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict, or :class:`_RepeatedKey` if a key comes twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return obj
+
+
+_LINE_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs)
+
+
+def parse_line(line: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(object, None)``: one JSON line as an object, or ``(None, reason)``.
+
+    Python's own parser, as ``json.loads`` reads a payload's text, with the
+    depth bounded first (``payload.check_text_depth``). An object that names
+    a key twice is refused: which of its values the line means is a guess
+    (Spark's reader stopped the whole run at it; ``json.loads`` keeps the
+    last).
     """
-    from django_delayq.payload import MAX_PAYLOAD_DEPTH, check_text_depth, encode_payload
+    from django_delayq.payload import MAX_PAYLOAD_DEPTH, check_text_depth
 
     try:
         check_text_depth(line)
-        value = json.loads(line)
+        value = _LINE_DECODER.decode(line)
+    except _RepeatedKey as exc:
+        return None, f"the line repeats the key {exc.key!r} in one object"
     except RecursionError:  # not reached: the depth is bounded above
         return None, f"the line is nested deeper than MAX_PAYLOAD_DEPTH ({MAX_PAYLOAD_DEPTH})"
     except ValueError as exc:
@@ -173,10 +197,122 @@ def payload_of_line(names: tuple[str, ...], line: str) -> tuple[str | None, str 
         return None, f"malformed JSON line: {exc}"
     if not isinstance(value, dict):
         return None, f"malformed JSON line: a {type(value).__name__}, not an object"
+    return value, None
+
+
+def json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s type: object, array, string, number, boolean or null."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
+
+
+# What a JSON line's key, group, order and run-at column may hold; what else
+# it holds makes the row a rejected row, with why.
+_PLAIN_KINDS = {
+    "key": ({"string", "number", "boolean", "null"}, "a key must be text or a number"),
+    "group": ({"string", "number", "boolean", "null"}, "a group must be text or a number"),
+    "order": (
+        {"string", "number", "boolean", "null"},
+        "rows are ordered by a number, text, a date or a timestamp",
+    ),
+    "run-at": ({"string", "null"}, "it must hold ISO 8601 text"),
+}
+
+
+def decode_line(
+    payload: tuple[str, ...],
+    plain: tuple[tuple[str, str], ...],
+    columns: tuple[str, ...] | None,
+    line: str,
+) -> tuple[str | None, str | None, str | None]:
+    """``(payload JSON text, None, row)`` from one JSON line, or ``(None, reason, None)``.
+
+    ``payload``: the names of the payload's columns; ``plain``: ``(name,
+    role)`` of the key, group, order and run-at columns, whose values must
+    be of a kind their role takes (``_PLAIN_KINDS``); ``columns``: every
+    column of the data set, to give ``row``, the whole row's JSON text (every
+    column, null where the line has none, as ``enqueue`` writes it), which
+    keys a row without a key column; None: no ``row``.
+
+    Checked as ``enqueue`` checks a payload (``payload.py``: the same types,
+    floats, depth, lone surrogates); the size is checked in the JVM with the
+    other rows' sizes. Runs on the executors, without Django's settings.
+    """
+    from django_delayq.payload import dumps, encode_payload
+    from django_delayq.values import SURROGATE, escape_surrogates
+
+    value, reason = parse_line(line)
+    if value is None:
+        return None, reason, None
+    for name, role in plain:
+        found = value.get(name)
+        kind = json_kind(found)
+        kinds, why = _PLAIN_KINDS[role]
+        if kind not in kinds:
+            article = "an" if kind[0] in "aeiou" else "a"
+            return None, f"{role} column {name!r} holds {article} {kind}; {why}", None
+        # Spark would write it as "?": a JSON escape (\ud800) is the only way in.
+        lone = SURROGATE.search(found) if isinstance(found, str) else None
+        if lone is not None:
+            return (
+                None,
+                f"{role} column {name!r} contains a lone surrogate "
+                f"({escape_surrogates(lone.group())} at character {lone.start()}), which is "
+                "no UTF-8 text and no database stores",
+                None,
+            )
     try:
-        return encode_payload({n: value.get(n) for n in names}, max_size=0), None
+        text = encode_payload({n: value.get(n) for n in payload}, max_size=0)
     except (TypeError, ValueError) as exc:
-        return None, str(exc)
+        return None, str(exc), None
+    row = None
+    if columns is not None:  # escaped: a column left out of the payload may hold one
+        row = escape_surrogates(dumps({n: value.get(n) for n in columns}))
+    return text, None, row
+
+
+# Spark's type for a JSON number of each kind (scan_lines), as its schema
+# inference gives one: an integer is a bigint, or a decimal(38,0) past a
+# bigint, or a double past 38 digits; a number with a fraction or an
+# exponent is a double.
+_INTEGER_KINDS = ((2**63, "bigint"), (10**38, "decimal"))
+
+
+def _number_kind(value: Any) -> str:
+    if isinstance(value, int):
+        for bound, kind in _INTEGER_KINDS:
+            if -bound <= value < bound:
+                return kind
+    return "double"
+
+
+def scan_lines(order: str | None, rows: Iterable[Any]) -> Iterator[tuple[list[str], list[str]]]:
+    """One partition of JSON lines: (its column names, the kinds of value of ``order``).
+
+    The names are every top-level key of every line that is an object (as
+    ``parse_line`` reads it), first seen first; the kinds (``json_kind``,
+    with numbers as ``bigint``, ``decimal`` or ``double``) are those of the
+    order column's values, from which its type is chosen
+    (``enqueue_job.order_type``).
+    """
+    names: dict[str, None] = {}
+    kinds: set[str] = set()
+    for (line,) in rows:
+        value, _ = parse_line(line)
+        if value is None:
+            continue
+        names.update(dict.fromkeys(value))
+        if order is not None:
+            kind = json_kind(value.get(order))
+            kinds.add(_number_kind(value[order]) if kind == "number" else kind)
+    yield list(names), sorted(kinds)
 
 
 # A number in exponent notation as Java writes one (1.0E16, 4.9E-324); a

@@ -44,10 +44,12 @@ unheld rows behind for a last step that never ran.
 Payloads are encoded by Spark's ``to_json`` in the JVM, so the Python
 workers only stream three strings per row into COPY (re-encoding the few
 whose floats Java wrote with an exponent, as ``enqueue`` writes them: see
-``dbapi.write_partition``). JSON lines are the exception: each payload is
-parsed from its line's own text by the rules of ``enqueue``
-(``dbapi.payload_of_line``), because Spark's schema inference changes the
-types of ragged input. A payload nested deeper than ``MAX_PAYLOAD_DEPTH``
+``dbapi.write_partition``). JSON lines are the exception: Spark's schema
+inference is not used at all (it changes the types of ragged input, drops
+objects whose keys are ``""``, stops at keys that differ only in case), the
+columns are the lines' top-level keys (``dbapi.scan_lines``) and each
+payload is parsed from its line's own text by the rules of ``enqueue``
+(``dbapi.decode_line``). A payload nested deeper than ``MAX_PAYLOAD_DEPTH``
 is refused before anything is written: by its column's type (Parquet), or
 as a rejected row (JSON lines).
 """
@@ -64,7 +66,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
@@ -267,47 +269,134 @@ def validate_options(options: EnqueueOptions) -> EnqueueOptions:
     return replace(options, format=fmt, database=alias, rejects_path=rejects)
 
 
-def read_source(spark: SparkSession, source: str, fmt: str) -> DataFrame:
+@dataclass(frozen=True)
+class Source:
+    """A data set as read: its rows, its columns and their types.
+
+    ``columns`` is every column, in order; ``types`` the type of each, or,
+    for JSON lines (``lines``), only of the key, group, order and run-at
+    columns, the others being read from each line's own text (``LINE``).
+    A column is always referred to through :meth:`column`, never by a name
+    Spark would parse (``a.b`` is the field ``b`` of ``a`` to it, a backtick
+    a syntax error).
+    """
+
+    df: DataFrame
+    columns: tuple[str, ...]
+    types: dict[str, DataType]
+    lines: bool = False
+    # JSON lines: the column of ``df`` that holds each typed column's values.
+    refs: tuple[tuple[str, str], ...] = ()
+
+    def column(self, name: str) -> Column:
+        return self.df[quoted(dict(self.refs).get(name, name))]
+
+
+def quoted(name: str) -> str:
+    """``name`` as one column name to Spark, whatever it holds (dots, backticks)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def read_source(spark: SparkSession, options: EnqueueOptions) -> Source:
     """The data set as Spark reads it; CSV dates and timestamps stay the text they were."""
     from pyspark.sql.types import DateType, StructField, StructType, TimestampNTZType, TimestampType
 
+    source, fmt = options.source, str(options.format)
     try:
-        if fmt == "parquet":
-            return spark.read.parquet(source)
         if fmt == "json":
-            return _read_json_lines(spark, source)
-        reader = spark.read.option("header", True).option("mode", "PERMISSIVE")
-        inferred = reader.option("inferSchema", True).csv(source).schema
-        # CSV has no date type: a column Spark guessed to be one keeps its text.
-        text = StructType(
-            [
-                StructField(f.name, _string(), True)
-                if isinstance(f.dataType, DateType | TimestampType | TimestampNTZType)
-                else f
-                for f in inferred.fields
-            ]
-        )
-        return reader.schema(text).csv(source)
+            return _read_json_lines(spark, options)
+        if fmt == "parquet":
+            df = spark.read.parquet(source)
+        else:
+            reader = spark.read.option("header", True).option("mode", "PERMISSIVE")
+            inferred = reader.option("inferSchema", True).csv(source).schema
+            # CSV has no date type: a column Spark guessed to be one keeps its text.
+            text = StructType(
+                [
+                    StructField(f.name, _string(), True)
+                    if isinstance(f.dataType, DateType | TimestampType | TimestampNTZType)
+                    else f
+                    for f in inferred.fields
+                ]
+            )
+            df = reader.schema(text).csv(source)
+    except PipelineError:
+        raise
     except Exception as exc:
         raise PipelineError(f"cannot read {source} as {fmt}: {java_message(exc)}") from exc
+    types = {f.name: f.dataType for f in df.schema.fields if f.name != CORRUPT}
+    return Source(df, tuple(types), types)
 
 
-def _read_json_lines(spark: SparkSession, source: str) -> DataFrame:
-    """Each line's columns as Spark infers them, and the line itself (``LINE``).
+def _read_json_lines(spark: SparkSession, options: EnqueueOptions) -> Source:
+    """The lines (``LINE``), and the key, group, order and run-at columns as Spark reads them.
 
-    The columns serve as the key, group, order and run-at columns; the
-    payload is made from the line's own text (``dbapi.payload_of_line``):
-    Spark's schema inference widens ragged columns, so beside a deeper
-    array, ``{"deep": [[1]]}`` would read as ``[["1"]]``.
+    Spark's schema inference is not used: it drops a field whose objects
+    have no key but ``""`` (``{"": 0}``, ``{}``), stops at keys that differ
+    only in case (``{"a": 1, "A": 2}``) or repeat, and widens ragged columns
+    (beside a deeper array, ``{"deep": [[1]]}`` would read as ``[["1"]]``).
+    The columns are the top-level keys of the lines, as Python's parser reads
+    them (``dbapi.scan_lines``); each payload is made from its line's own
+    text (``dbapi.decode_line``). The key, group and run-at columns are read
+    from each line as text (a number as its digits, ``true`` for true); the
+    order column with the type its values share (``order_type``), so numbers
+    sort as numbers.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import StructField, StructType
 
-    inferred = spark.read.option("mode", "PERMISSIVE").json(source).schema
-    fields = StructType([f for f in inferred.fields if f.name != CORRUPT])
+    source = options.source
     lines = spark.read.text(source).filter(F.trim(F.col("value")) != "")
-    parsed = F.from_json(F.col("value"), fields, {"mode": "PERMISSIVE"})
-    return lines.select(parsed.alias("_row"), F.col("value").alias(LINE)).select("_row.*", LINE)
+    spark.sparkContext.setJobDescription(f"delayq enqueue: read the columns of {source}")
+    scanned = lines.rdd.mapPartitions(
+        functools.partial(dbapi.scan_lines, options.order_column)
+    ).collect()
+    names: dict[str, None] = {}
+    kinds: set[str] = set()
+    for found, order_kinds in scanned:
+        names.update(dict.fromkeys(found))
+        kinds.update(order_kinds)
+    # By UTF-16 code unit, the order of the fields of a schema Spark infers.
+    columns = tuple(sorted(names, key=lambda n: n.encode("utf-16-be", "surrogatepass")))
+    plain = [
+        c
+        for c in (
+            options.key_column,
+            options.group_column,
+            options.order_column,
+            options.run_at_column,
+        )
+        if c is not None and c in names
+    ]
+    types: dict[str, DataType] = {}
+    selected = [F.col("value").alias(LINE)]
+    refs = []
+    for i, name in enumerate(dict.fromkeys(plain)):
+        dtype = order_type(kinds) if name == options.order_column else _string()
+        types[name] = dtype
+        schema = StructType([StructField(name, dtype)])
+        parsed = F.from_json(F.col("value"), schema, {"mode": "PERMISSIVE"})
+        selected.append(parsed.getField(name).alias(f"_delayq_{i}"))
+        refs.append((name, f"_delayq_{i}"))
+    return Source(lines.select(*selected), columns, types, lines=True, refs=tuple(refs))
+
+
+def order_type(kinds: set[str]) -> DataType:
+    """The type of an order column of JSON lines holding values of these kinds
+    (``dbapi.scan_lines``): numbers that are all integers of a bigint a
+    bigint, past it a decimal(38,0); numbers with a fraction a double;
+    booleans a boolean; a mix, or text, text (as Spark's inference types
+    them). Objects and arrays are rejected rows (``dbapi.decode_line``)."""
+    from pyspark.sql import types as T
+
+    atomic = kinds - {"null", "object", "array"}
+    if atomic == {"boolean"}:
+        return T.BooleanType()
+    if atomic and atomic <= {"bigint", "decimal", "double"}:
+        if "double" in atomic:
+            return T.DoubleType()
+        return T.DecimalType(38, 0) if "decimal" in atomic else T.LongType()
+    return _string()
 
 
 def _type_depth(dtype: DataType) -> int:
@@ -367,18 +456,20 @@ def _atomic(dtype: DataType) -> bool:
     return not isinstance(dtype, T.ArrayType | T.MapType | T.StructType | T.BinaryType)
 
 
-def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], list[str]]:
+def check_schema(source: Source, options: EnqueueOptions) -> tuple[list[str], list[str]]:
     """The data columns and the payload columns, or a :class:`PipelineError` naming the column."""
     from pyspark.sql import types as T
 
-    types = {f.name: f.dataType for f in df.schema.fields if f.name not in (CORRUPT, LINE)}
-    listing = ", ".join(types) or "none"
-    source = options.source
+    types = source.types
+    listing = ", ".join(source.columns) or "none"
 
     def require(name: str, what: str) -> DataType:
-        if name not in types:
-            raise PipelineError(f"{what} {name!r} is not a column of {source} (columns: {listing})")
-        return types[name]
+        if name not in source.columns:
+            raise PipelineError(
+                f"{what} {name!r} is not a column of {options.source} (columns: {listing})"
+            )
+        # JSON lines: a payload column is read from each line's text, as JSON.
+        return types.get(name, T.NullType())
 
     # Columns that must hold one plain value per row (text, a number, a time).
     plain = [
@@ -403,23 +494,25 @@ def check_schema(df: DataFrame, options: EnqueueOptions) -> tuple[list[str], lis
                 f"run-at column {options.run_at_column!r} has type {dtype.simpleString()}; "
                 "it must hold timestamps, dates or ISO 8601 text"
             )
-    payload = list(options.payload_columns or types)
+    payload = list(options.payload_columns or source.columns)
     for name in payload:
-        problem = json_problem(require(name, "payload column"))
+        dtype = require(name, "payload column")
+        if source.lines:
+            continue  # each line's own payload is checked (dbapi.decode_line)
+        problem = json_problem(dtype)
         if problem:
             raise PipelineError(
                 f"payload column {name!r} has type {problem}, which JSON cannot hold; "
                 "convert it first or leave it out with --payload-columns"
             )
-        # JSON lines: each line's own depth is checked (dbapi.payload_of_line).
-        depth = 1 + _type_depth(types[name])  # the payload is an object of the columns
-        if LINE not in df.columns and depth > MAX_PAYLOAD_DEPTH:
+        depth = 1 + _type_depth(dtype)  # the payload is an object of the columns
+        if depth > MAX_PAYLOAD_DEPTH:
             raise PipelineError(
-                f"payload column {name!r} has type {types[name].simpleString()}: in the "
+                f"payload column {name!r} has type {dtype.simpleString()}: in the "
                 f"payload (an object of the columns) it nests {depth} levels of arrays and "
                 f"objects, over MAX_PAYLOAD_DEPTH ({MAX_PAYLOAD_DEPTH}); nothing was written"
             )
-    return list(types), payload
+    return list(source.columns), payload
 
 
 # -- step 2: row validation -----------------------------------------------------
@@ -532,41 +625,53 @@ def _text_checks(value: Column, what: str, max_length: int) -> list[tuple[Column
 
 
 def prepare(
-    df: DataFrame, options: EnqueueOptions, columns: list[str], payload: list[str], now: datetime
+    source: Source, options: EnqueueOptions, columns: list[str], payload: list[str], now: datetime
 ) -> DataFrame:
     """``key``, ``payload`` (JSON text), ``due`` (text the database parses) and ``reason``.
 
     ``reason`` is null for a valid row, else why it is rejected; ``row`` is
-    the whole row as JSON, for the rejects file. With a group column, also
-    ``group`` ("" for none), ``seq`` (the order Spark read the rows in) and,
-    with an order column, ``sort`` (its values).
+    the whole row as JSON (JSON lines: the line), for the rejects file.
+    With a group column, also ``group`` ("" for none), ``seq`` (the order
+    Spark read the rows in) and, with an order column, ``sort`` (its values).
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    types = {f.name: f.dataType for f in df.schema.fields}
-    row_json = F.to_json(F.struct(*[df[c] for c in columns]), JSON_OPTIONS)
+    df, types, column = source.df, source.types, source.column
     checks: list[tuple[Column, Column]] = []
-    from_lines = LINE in types
-    if from_lines:
+    if source.lines:
+        roles = [
+            (options.key_column, "key"),
+            (options.group_column, "group"),
+            (options.order_column, "order"),
+            (options.run_at_column, "run-at"),
+        ]
         decode = F.udf(
-            functools.partial(dbapi.payload_of_line, tuple(payload)),
-            "payload string, reason string",
+            functools.partial(
+                dbapi.decode_line,
+                tuple(payload),
+                tuple((name, role) for name, role in roles if name is not None),
+                tuple(columns) if options.key_column is None else None,
+            ),
+            "payload string, reason string, row string",
             useArrow=False,  # the pipeline needs neither pandas nor PyArrow
         )
         decoded = decode(df[LINE])
         payload_json = decoded["payload"]
         checks.append((decoded["reason"].isNotNull(), decoded["reason"]))
+        row_json = df[LINE]
+        whole_row = decoded["row"]
     else:
-        payload_json = F.to_json(F.struct(*[df[c] for c in payload]), JSON_OPTIONS)
-    if CORRUPT in types:
+        payload_json = F.to_json(F.struct(*[column(c) for c in payload]), JSON_OPTIONS)
+        row_json = whole_row = F.to_json(F.struct(*[column(c) for c in columns]), JSON_OPTIONS)
+    if CORRUPT in df.columns:
         checks.append((df[CORRUPT].isNotNull(), F.lit("malformed JSON line")))
 
     if options.key_column is None:
-        key = F.sha2(row_json, 256)  # deterministic: the same row always gets the same key
+        key = F.sha2(whole_row, 256)  # deterministic: the same row always gets the same key
     else:
         name = options.key_column
-        key = df[name].cast("string")
+        key = column(name).cast("string")
         checks += [
             (key.isNull(), F.lit(f"key column {name!r} is null")),
             (key == "", F.lit(f"key column {name!r} is empty")),
@@ -576,7 +681,7 @@ def prepare(
     extra: list[Column] = []
     if options.group_column is not None:
         name = options.group_column
-        group = df[name].cast("string")
+        group = column(name).cast("string")
         checks += _text_checks(group, f"group column {name!r}", GROUP_MAX_LENGTH)
         # seq: taken on the rows as read, before any shuffle: (the read
         # partition, the row's place in it), so in each file's own order.
@@ -585,11 +690,11 @@ def prepare(
             F.monotonically_increasing_id().alias("seq"),
         ]
         if options.order_column is not None:
-            extra.append(df[options.order_column].alias("sort"))
+            extra.append(column(options.order_column).alias("sort"))
 
     if options.run_at_column is not None:
         name = options.run_at_column
-        raw = df[name]
+        raw = column(name)
         dtype = types[name]
         if isinstance(dtype, T.StringType):
             due = F.try_to_timestamp(raw)
@@ -607,8 +712,8 @@ def prepare(
     else:
         due = F.lit(now + timedelta(seconds=options.delay or 0))
 
-    for name in [] if from_lines else payload:
-        zero = _negative_zero(df[name], types[name])
+    for name in [] if source.lines else payload:
+        zero = _negative_zero(column(name), types[name])
         if zero is not None:
             checks.append(
                 (
@@ -619,10 +724,10 @@ def prepare(
                     ),
                 )
             )
-        bad = _non_finite(df[name], types[name])
+        bad = _non_finite(column(name), types[name])
         if bad is not None:
             checks.append((bad, F.lit(f"payload column {name!r} holds NaN or an infinity")))
-        nul = _has_nul(df[name], types[name])
+        nul = _has_nul(column(name), types[name])
         if nul is not None:
             checks.append((nul, F.lit(f"payload column {name!r} contains a NUL character")))
     limit = get_config()["MAX_PAYLOAD_SIZE"]
@@ -684,8 +789,44 @@ def create_rejects_file(path: str) -> int:
     return fd
 
 
-def write_rejects(prepared: DataFrame, path: str) -> None:
-    """The rejected rows as JSON lines: ``{"reason": ..., "row": {...}}``, in a new 0600 file.
+# What str.splitlines() ends a line at besides \n and \r. JSON text holds them
+# raw only inside strings (where the control characters are escaped already,
+# by Python and by Spark), so a JSON-lines file escapes them there too: a
+# reader's splitlines() then cuts it at its newlines only.
+_LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)}
+
+
+def jsonl_text(text: str) -> str:
+    """JSON ``text`` fit for one line of a JSON-lines file (see ``_LINE_BREAKS``)."""
+    return text.translate(_LINE_BREAKS)
+
+
+def _as_json(line: str) -> str:
+    """A JSON line as it is if it is standard JSON, else as a JSON string of its text
+    (malformed, or holding NaN or Infinity, which Python's parser takes)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+
+    try:
+        json.loads(line, parse_constant=refuse)
+    except (ValueError, RecursionError):
+        return json.dumps(line)
+    return line
+
+
+def reject_record(reason: str, row: str, *, lines: bool = False) -> str:
+    """One line of the rejects file: ``{"reason": ..., "row": ...}`` and its newline.
+
+    ``row`` is the row's JSON text (``to_json``'s), or with ``lines`` the
+    JSON line itself, given as a JSON string if it is not JSON.
+    """
+    text = _as_json(row) if lines else row
+    return jsonl_text(f'{{"reason": {json.dumps(reason)}, "row": {text}}}') + "\n"
+
+
+def write_rejects(prepared: DataFrame, path: str, *, lines: bool = False) -> None:
+    """The rejected rows as JSON lines (``reject_record``), in a new 0600 file.
 
     If reading the rows fails, the partial file is removed (a re-run then
     finds the path free).
@@ -698,7 +839,7 @@ def write_rejects(prepared: DataFrame, path: str) -> None:
     try:
         with open(fd, "w", encoding="utf-8") as out:
             for record in rejected.toLocalIterator():
-                out.write(f'{{"reason": {json.dumps(record["reason"])}, "row": {record["row"]}}}\n')
+                out.write(reject_record(record["reason"], record["row"], lines=lines))
     except BaseException:
         try:
             if os.path.samestat(created, os.lstat(path)):  # still the file created above
@@ -744,9 +885,9 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
     fmt = str(options.format)
     alias = str(options.database)
     sc = spark.sparkContext
-    df = read_source(spark, options.source, fmt)
-    columns, payload = check_schema(df, options)
-    prepared = prepare(df, options, columns, payload, now)
+    source = read_source(spark, options)
+    columns, payload = check_schema(source, options)
+    prepared = prepare(source, options, columns, payload, now)
 
     sc.setJobDescription(f"delayq enqueue: validate {options.source}")
     try:
@@ -774,7 +915,7 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
     rejects_path = None
     if rejected:
         rejects_path = str(options.rejects_path)
-        write_rejects(prepared, rejects_path)
+        write_rejects(prepared, rejects_path, lines=source.lines)
 
     valid = prepared.filter(F.col("reason").isNull())
     if options.group_column is not None:
