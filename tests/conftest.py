@@ -63,6 +63,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     return Grouped(config, log)
 
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
