@@ -10,7 +10,8 @@ test:
 	scripts/dev.sh test
 
 # The inner loop: PostgreSQL and SQLite side by side, without the browser, the
-# Spark pipeline, the run_delayq processes and the docs; about 3 minutes.
+# Spark pipeline, the run_delayq processes, the fault injection and the docs;
+# 3 to 4 minutes.
 test-quick:
 	scripts/dev.sh quick
 
