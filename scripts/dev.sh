@@ -202,32 +202,12 @@ run_suite() {
   DELAYQ_TEST_PREPARED=1 DATABASE_URL="$pg_url" "$PY" -m pytest -q -p no:cacheprovider \
     "${PARALLEL[@]}" "${PREPARED_TESTS[@]}"
   run_pgbouncer_suite "$pg_url"
-  run_queue_database_suite "$pg_url" "$sqlite_url"
-  # SQLite's and MariaDB's legs at the same time: each spends much of its
-  # time waiting (on worker processes, on locks, on a JVM), and together they
-  # keep the two cores busy. SQLite's output is shown after MariaDB's.
-  # (Both in the background: a function called as `f || ...` runs with
-  # errexit off, and its first failure would go unnoticed.)
-  local sqlite_log sqlite_status=0 mysql_status=0 sqlite_pid mysql_pid
-  sqlite_log="$(mktemp)"
-  run_sqlite_suite "$sqlite_url" "$@" >"$sqlite_log" 2>&1 &
-  sqlite_pid=$!
-  run_mysql_suite "$@" &
-  mysql_pid=$!
-  wait "$mysql_pid" || mysql_status=$?
-  wait "$sqlite_pid" || sqlite_status=$?
-  cat "$sqlite_log"
-  rm -f "$sqlite_log"
-  [ "$sqlite_status" = 0 ] && [ "$mysql_status" = 0 ]
-}
-
-run_sqlite_suite() {
-  local sqlite_url="$1"
-  shift
   log "test suite on SQLite: what differs by database ($sqlite_url, $WORKERS processes)"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest "${PARALLEL[@]}" "${DATABASE_LEG[@]}" "$@"
   log "example project's tests on SQLite"
   DATABASE_URL="$sqlite_url" "$PY" -m pytest -q -p no:cacheprovider example_project
+  run_queue_database_suite "$pg_url" "$sqlite_url"
+  run_mysql_suite "$@"
 }
 
 # -- make coverage: branch coverage of django_delayq across the database legs -------
