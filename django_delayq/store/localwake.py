@@ -23,6 +23,7 @@ projects on one machine never wake each other.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -52,6 +53,12 @@ def directory(connection: BaseDatabaseWrapper) -> Path | None:
     in_memory = getattr(connection, "is_in_memory_db", lambda: True)
     if not name or in_memory():
         return None
+    return _directory_of(str(name))
+
+
+@functools.cache
+def _directory_of(name: str) -> Path | None:
+    """Computed once per database file (each enqueue asks)."""
     digest = hashlib.sha256(os.path.realpath(name).encode()).hexdigest()[:16]
     found = Path(tempfile.gettempdir()) / f"django-delayq-{os.getuid()}-{digest}"
     if len(str(found)) + 24 > MAX_PATH:

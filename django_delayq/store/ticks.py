@@ -44,13 +44,8 @@ def miss_tick(message_id: int, token: uuid.UUID, *, reason: str, using: str) -> 
     (the claim's attempt is given back, and its start time, which was this
     claim's), so the schedule's last run stays the last one that ran.
     """
-    now = clock.sql_now()
     changes = {
-        "status": Status.CANCELLED,
-        "next_attempt_time": None,
-        "finished_at": now,
-        "updated_at": now,
-        "last_error": reason,
+        **_missed(reason, clock.sql_now()),
         "lock_token": None,
         "attempt_count": 0,
         "last_attempt_time": None,
@@ -61,12 +56,17 @@ def miss_tick(message_id: int, token: uuid.UUID, *, reason: str, using: str) -> 
 def cancel_ticks(ids: Collection[int], *, reason: str, now: datetime, using: str) -> int:
     """Cancel cron ticks that are still pending and were never attempted (missed ticks)."""
     rows = Message.objects.using(using).untouched()
-    changes = {
+    changes = _missed(reason, now)
+    with transaction.atomic(using=using):
+        return sum(rows.filter(id__in=chunk).update(**changes) for chunk in batches(list(ids)))
+
+
+def _missed(reason: str, now: object) -> dict[str, object]:
+    """A missed tick's end: cancelled now, with the reason as its error."""
+    return {
         "status": Status.CANCELLED,
         "next_attempt_time": None,
         "finished_at": now,
         "updated_at": now,
         "last_error": reason,
     }
-    with transaction.atomic(using=using):
-        return sum(rows.filter(id__in=chunk).update(**changes) for chunk in batches(list(ids)))
