@@ -151,6 +151,9 @@ class Claimer:
         # how many of them the claim loop has seen: see acks_committed.
         self._acks = 0
         self._acks_seen = 0
+        # Places a running message may have freed under a cap (bumped by the
+        # threads that see one end or commit): see _claim_limited.
+        self._freed = 0
 
     def batch_for(self, lane: Lane) -> int:
         """How many messages the next claim of ``lane`` asks for.
@@ -217,7 +220,14 @@ class Claimer:
     def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> claim.Claim:
         """Claim under the lane's global limits; when they hold messages back, the lane
         waits: until the rate's window frees a start, or (a cap) ``CAP_RECHECK``, or
-        until one of its own messages ends."""
+        until one of its own messages ends.
+
+        A message that ends while the claim runs may have told the lane so
+        (``wants``) before this thread marks it capped: that place was then
+        freed after the claim counted it, and the lane looks again at once
+        rather than ``CAP_RECHECK`` later.
+        """
+        freed = self._freed
         result = limits.claim_limited(
             queues,
             limit,
@@ -234,6 +244,8 @@ class Claimer:
         elif result.retry_in is not None:
             # A wait measured by the database, held on this host's clock.
             lane.wake_at = clock.now() + result.retry_in
+        elif self._freed != freed:
+            lane.wake_at = clock.now()
         else:
             lane.wake_at = clock.now() + CAP_RECHECK
         return result.claim
@@ -254,6 +266,7 @@ class Claimer:
         A lane held back by a global cap is: the message that ended freed a
         place under the cap.
         """
+        self._freed += 1
         if lane.capped:
             lane.capped, lane.wake_at = False, None
             self._drained.discard(id(lane))
@@ -275,6 +288,7 @@ class Claimer:
         ``CAP_RECHECK`` later. The claim loop un-caps its lanes at its next
         round (a commit during a claim is seen by the round after it).
         """
+        self._freed += 1
         self._acks += 1
 
     def _uncap_after_acks(self) -> None:

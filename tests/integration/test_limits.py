@@ -252,6 +252,55 @@ def test_a_lane_whose_hold_ended_during_a_cut_short_sleep_claims_at_once(setting
     assert claims.wants(lane)
 
 
+def test_a_place_freed_while_the_capped_lane_claims_is_claimed_at_once(settings, monkeypatch):
+    # A message of a capped lane ends, and its outcome commits, while the
+    # claimer's claim of that lane is running: the claim saw the cap full and
+    # the end's "the lane wants more" came before the claimer marked the lane
+    # capped. The end must not be lost: the lane claims the freed place at
+    # once, not after CAP_RECHECK (here an hour; seen as a burst worker hung
+    # for two minutes on a loaded machine).
+    from django_delayq.worker import Worker
+    from django_delayq.worker.wakeup import Waker
+
+    settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 3600}
+    monkeypatch.setattr(claimer, "CAP_RECHECK", timedelta(hours=1))
+    enqueue_many("limited", [{}] * 3)
+    worker = Worker(["limited"], concurrency=2, using="default")
+    claims = worker.claimer
+    claims.waker = Waker("default", ["limited"], listen=False, poll_interval=3600)
+    (lane,) = [lane for lane in claims.book.lanes if lane.kinds == (frozenset({"webhook"}), False)]
+    other = claim_limited(["limited"], 2, lane.limits, worker="other", lease=LEASE).claim
+    assert len(other.messages) == 2  # the cap of 2 is full, held by another worker
+
+    real = claimer.limits.claim_limited
+
+    def claim_then_one_ends(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if kwargs["kinds"] != lane.kinds:
+            return result  # the queue's other lane (its webhooks)
+        assert result.held_back and not result.claim.messages
+        # Meanwhile, on an executor's thread: an outcome commits and the
+        # book asks whether the lane wants more, then pokes the claimer.
+        Message.objects.filter(pk=other.messages[0].pk).update(status="succeeded")
+        claims.wants(lane)
+        claims.waker.poke()
+        return result
+
+    monkeypatch.setattr(claimer.limits, "claim_limited", claim_then_one_ends)
+    assert claims.claim_round() == 0
+    monkeypatch.setattr(claimer.limits, "claim_limited", real)
+
+    def wait() -> None:
+        try:
+            claims.idle_wait()
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    finishes_within(60, wait)
+    claims.waker.close()
+    assert claims.claim_round() == 1
+
+
 @pytest.mark.parametrize("offset", [-30, 30])
 def test_a_rate_limited_lane_waits_one_period_whatever_the_hosts_clock_says(
     settings, fake_clock: FakeClock, monkeypatch, offset
