@@ -33,8 +33,8 @@ from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Mes
 from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
 from django_delayq.routers import queue_alias
-from django_delayq.store import write
-from django_delayq.store.write import Outcome
+from django_delayq.store import new_rows, wakeup, write
+from django_delayq.store.new_rows import Outcome
 from django_delayq.values import check_text
 
 OnConflict = Literal["ignore", "update", "error"]
@@ -231,7 +231,7 @@ def enqueue_many(
         else:
             first_index[k] = i
 
-    shared = write.template(
+    shared = new_rows.template(
         queue,
         kind=kind,
         priority=priority,
@@ -246,7 +246,7 @@ def enqueue_many(
     texts = {k: encoded[i] for k, i in first_index.items()}
     values = {k: payloads[i] for k, i in first_index.items()}
     per_key = None if group_of is None else {k: group_of[i] for k, i in first_index.items()}
-    wake = write.notify_body(connection, queue, due)
+    wake = wakeup.notify_body(connection, queue, due)
     if (
         on_conflict == "ignore"
         and not group
@@ -274,7 +274,7 @@ def enqueue_many(
                 raise DuplicateMessage(queue, clashes)
         if riding is None and wake is not None:
             if any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
-                write.notify(connection, queue, due)
+                wakeup.notify(connection, queue, due)
         if signals.message_enqueued.receivers:
             # On commit of the caller's transaction: a message rolled back
             # with the business data that caused it is never announced.

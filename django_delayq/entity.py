@@ -44,7 +44,7 @@ from django_delayq.models import ACTIVE_STATUS_VALUES, FINISHED_STATUS_VALUES, Q
 from django_delayq.status import Status
 from django_delayq.store import queue_fields
 from django_delayq.store.queries import QueueQuerySet
-from django_delayq.store.write import notify
+from django_delayq.store.wakeup import notify
 
 
 def queue_of(model: type[models.Model]) -> str | None:

@@ -52,7 +52,7 @@ from django_delayq.models import Message
 from django_delayq.routers import model_alias, queue_alias
 from django_delayq.store import groups, operators
 from django_delayq.store.queries import QueueQuerySet, categories
-from django_delayq.store.write import notify
+from django_delayq.store.wakeup import notify
 from django_delayq.values import is_int_between
 
 S = Message.Status

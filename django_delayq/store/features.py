@@ -108,7 +108,7 @@ class Features:
     #: so they connect with its backend's driver directly, given the backend's
     #: own ``get_connection_params()``.
     client: str  # "psycopg", "MySQLdb" or "sqlite3"
-    #: How an executor writes its partition's rows (``store.write.bulk_load``'s
+    #: How an executor writes its partition's rows (``store.loader.bulk_load``'s
     #: statements) and counts what was created and updated: ``COPY`` into the
     #: temporary table and one upsert that counts (``inserted_flag``); or rows
     #: inserted in a ``BEGIN IMMEDIATE`` transaction, the created ones being the

@@ -58,6 +58,7 @@ from django_delayq.store.columns import (
 from django_delayq.store.features import features
 from django_delayq.store.queries import held_condition
 from django_delayq.store.sql import statement
+from django_delayq.store.wakeup import notify
 
 
 def _blockers(queues: Collection[str] | None) -> Q:
@@ -289,9 +290,6 @@ def wake(queues: Collection[str], *, using: str | None = None) -> None:
     """Tell idle workers of ``queues`` that messages are due now (PostgreSQL's NOTIFY,
     sent when the caller's transaction commits): nothing else would, before their
     next poll."""
-    # The write path imports this module (hold_back), so its NOTIFY comes at call time.
-    from django_delayq.store.write import notify
-
     when = clock.now()
     connection = connections[db_alias(using)]
     for queue in sorted(queues):

@@ -27,7 +27,7 @@ from django.db import connections
 
 from django_delayq.conf import get_config
 from django_delayq.store.features import features
-from django_delayq.store.write import NOTIFY_CHANNEL
+from django_delayq.store.wakeup import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_delayq.worker")
 

@@ -199,7 +199,7 @@ def test_schedule_checks_its_arguments():
 def test_schedule_wakes_listening_workers_on_commit():
     import json
 
-    from django_delayq.store.write import NOTIFY_CHANNEL
+    from django_delayq.store.wakeup import NOTIFY_CHANNEL
     from tests.pooler import direct_connect
 
     with direct_connect(autocommit=True) as listener:

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_delayq import Outcome, enqueue, enqueue_many
 from django_delayq.checks import check_database
 from django_delayq.models import Message
-from django_delayq.store import server, write
+from django_delayq.store import server, without_returning
 from django_delayq.store.claim import claim
 from tests.conftest import wait_for
 
@@ -203,7 +203,7 @@ def test_the_share_locked_read_runs_under_repeatable_read(monkeypatch):
     enqueue("default", {"n": 2}, key="k2")
     monkeypatch.setattr(connection, "isolation_level", "repeatable read", raising=False)
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        rows = write._read(connection, "default", ["k1", "k2", "k3"], lock=True)
+        rows = without_returning._read(connection, "default", ["k1", "k2", "k3"], lock=True)
     assert sorted((m.key, m.payload) for m in rows) == [("k1", {"n": 1}), ("k2", {"n": 2})]
     assert any(q["sql"].endswith("LOCK IN SHARE MODE") for q in queries)
 
@@ -240,7 +240,7 @@ def test_the_share_locked_read_is_compiled_for_its_own_alias(other_backend_alias
 
     monkeypatch.setattr(Message.objects, "raw", raw)
     other = other_backend_alias
-    assert write._read(other, "emails", ["k1", "k2"], lock=True) == []
+    assert without_returning._read(other, "emails", ["k1", "k2"], lock=True) == []
     [(sql, params, using)] = captured
     assert using == other.alias and sql.endswith(" LOCK IN SHARE MODE")
     assert other.ops.quote_name("key") in sql

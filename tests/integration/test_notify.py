@@ -9,7 +9,7 @@ from django.db import connection, transaction  # noqa: F401 (read by skipif)
 
 from django_delayq import enqueue, enqueue_many
 from django_delayq.models import Message
-from django_delayq.store.write import NOTIFY_CHANNEL
+from django_delayq.store.wakeup import NOTIFY_CHANNEL
 from tests.conftest import wait_for
 from tests.pooler import direct_connect
 

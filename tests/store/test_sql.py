@@ -102,7 +102,7 @@ USES: dict[str, Use] = {
         "group_length",
         "collation",
     ),
-    # write.py
+    # inserts.py
     "json_rows": use(always, "key_length", "group_length"),
     "json_rows_key": use(always),
     "json_rows_payload": use(always),
@@ -119,8 +119,11 @@ USES: dict[str, Use] = {
     "payload_distinct": use(lambda f: f.returning, "table"),
     "inserted": use(lambda f: f.returning and f.inserted_flag),
     "with_notify": use(lambda f: f.notify, "insert"),
+    # wakeup.py
     "notify": use(lambda f: f.notify),
+    # without_returning.py
     "read_shared": use(lambda f: not f.returning, "select"),
+    # loader.py
     "loaded_rows": use(lambda f: f.pipeline, "order", "pick"),
     "loaded_rows_grouped": use(lambda f: f.pipeline, "order", "pick"),
     "loaded_key": use(lambda f: f.pipeline),

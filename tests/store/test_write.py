@@ -1,4 +1,5 @@
-"""The contract of ``store/write.py``: the one write path of new messages.
+"""The contract of the one write path of new messages: ``store/write.py`` and what it
+writes with (``new_rows``, ``inserts``, ``without_returning``, ``loader``, ``wakeup``).
 
 What each key's write did (``Outcome``) for every ``on_conflict``, in and
 out of a transaction, across chunks; the Python twins of the upsert
@@ -25,8 +26,8 @@ from django_delayq import enqueue, enqueue_many
 from django_delayq.exceptions import DuplicateMessage
 from django_delayq.models import Message
 from django_delayq.payload import encode_payload
-from django_delayq.store import claim, write
-from django_delayq.store.write import Outcome
+from django_delayq.store import claim, loader, new_rows, wakeup, without_returning, write
+from django_delayq.store.new_rows import Outcome
 from tests.conftest import FakeClock
 from tests.store.tables import at, can
 
@@ -210,7 +211,7 @@ def test_a_chunk_is_also_cut_by_payload_size_where_the_packet_is_bounded(
 
 def test_write_returns_each_keys_outcome_and_row(fake_clock: FakeClock) -> None:
     enqueue("q", "old", key="b")
-    shared = write.template("q", kind="k", priority=1, due=at(0), max_attempts=2, now=at(0))
+    shared = new_rows.template("q", kind="k", priority=1, due=at(0), max_attempts=2, now=at(0))
     payloads = {"a": [1, "x"], "b": None}
     encoded = {k: encode_payload(v) for k, v in payloads.items()}
 
@@ -292,7 +293,7 @@ def test_same_content_and_apply_update_do_what_the_upsert_does(
     } | NEW_VERSIONS[change]
     if isinstance(new["due"], timedelta):
         new["due"] = at(new["due"].total_seconds())
-    shared = write.template(
+    shared = new_rows.template(
         "q",
         kind=new["kind"],
         priority=new["priority"],
@@ -300,13 +301,13 @@ def test_same_content_and_apply_update_do_what_the_upsert_does(
         max_attempts=new["max_attempts"],
         now=at(0),
     )
-    incoming = write.row(shared, "k", new["payload"])
-    same = write.same_content(current, incoming)
+    incoming = new_rows.row(shared, "k", new["payload"])
+    same = without_returning.same_content(current, incoming)
     # Only a waiting message whose content and schedule are unchanged is left alone.
     assert same is (state in ("pending", "retrying") and change in UNCHANGED)
     expected = copy.deepcopy(current)
     if not same:
-        write.apply_update(expected, incoming)
+        without_returning.apply_update(expected, incoming)
 
     written = write.write(
         connection,
@@ -354,13 +355,13 @@ def exact(payload: Any) -> str:
 
 
 def test_same_content_tells_json_values_python_calls_equal() -> None:
-    shared = write.template("q", kind="", priority=0, due=at(0), max_attempts=None, now=at(0))
-    current = write.row(shared, "k", {"v": 1})
-    assert not write.same_content(current, write.row(shared, "k", {"v": True}))
-    assert not write.same_content(current, write.row(shared, "k", {"v": 1.0}))
-    assert write.same_content(current, write.row(shared, "k", {"v": 1}))
+    shared = new_rows.template("q", kind="", priority=0, due=at(0), max_attempts=None, now=at(0))
+    current = new_rows.row(shared, "k", {"v": 1})
+    assert not without_returning.same_content(current, new_rows.row(shared, "k", {"v": True}))
+    assert not without_returning.same_content(current, new_rows.row(shared, "k", {"v": 1.0}))
+    assert without_returning.same_content(current, new_rows.row(shared, "k", {"v": 1}))
     current.status = "running"
-    assert not write.same_content(current, write.row(shared, "k", {"v": 1}))
+    assert not without_returning.same_content(current, new_rows.row(shared, "k", {"v": 1}))
 
 
 # -- template and row -------------------------------------------------------------------
@@ -369,7 +370,7 @@ def test_same_content_tells_json_values_python_calls_equal() -> None:
 def test_template_sets_every_column_of_a_new_message() -> None:
     due = datetime(2030, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     now = datetime(2030, 1, 1, tzinfo=UTC)
-    shared = write.template("q", kind="k", priority=-3, due=due, max_attempts=7, now=now)
+    shared = new_rows.template("q", kind="k", priority=-3, due=due, max_attempts=7, now=now)
     expected = {
         "id": None,
         "queue": "q",
@@ -400,17 +401,17 @@ def test_template_sets_every_column_of_a_new_message() -> None:
     assert shared._state.adding
     # A template is its own object: the next call starts from a clean one.
     shared.queue = "changed"
-    again = write.template("r", kind="", priority=0, due=due, max_attempts=None, now=now)
+    again = new_rows.template("r", kind="", priority=0, due=due, max_attempts=None, now=now)
     assert (again.queue, again.kind, again.max_attempts) == ("r", "", None)
 
 
 def test_row_copies_every_column_of_the_template() -> None:
     now = datetime(2030, 1, 1, tzinfo=UTC)
-    shared = write.template("q", kind="k", priority=2, due=now, max_attempts=4, now=now)
+    shared = new_rows.template("q", kind="k", priority=2, due=now, max_attempts=4, now=now)
     shared.lock_token = uuid.uuid4()  # any column set on the template is copied
 
-    fresh = write.row(shared, "key-1", {"p": 1})
-    known = write.row(shared, "key-2", [2], pk=42)
+    fresh = new_rows.row(shared, "key-1", {"p": 1})
+    known = new_rows.row(shared, "key-2", [2], pk=42)
 
     for message, key, payload, pk in ((fresh, "key-1", {"p": 1}, None), (known, "key-2", [2], 42)):
         assert message.as_dict() == shared.as_dict() | {"key": key, "payload": payload, "id": pk}
@@ -432,8 +433,8 @@ def load(
     """``bulk_load`` of ``(key, payload)`` rows (and their ``groups``), due now, as the
     loader runs it: (created, updated)."""
     now = at(0)
-    shared = write.template(queue, kind="", priority=0, due=now, max_attempts=None, now=now)
-    loaded = write.bulk_load(connection, shared, on_conflict, grouped=groups is not None)
+    shared = new_rows.template(queue, kind="", priority=0, due=now, max_attempts=None, now=now)
+    loaded = loader.bulk_load(connection, shared, on_conflict, grouped=groups is not None)
     due = str(connection.ops.adapt_datetimefield_value(now))
     with connection.cursor() as cursor:
         if can().inserted_flag:
@@ -584,24 +585,24 @@ def test_notify_body_names_the_queue_and_due_time_where_there_is_notify(
     fake_clock: FakeClock, settings: Any
 ) -> None:
     soon = at(0.5)
-    body = write.notify_body(connection, "q", soon)
+    body = wakeup.notify_body(connection, "q", soon)
     if not (can().notify or can().local_wake):
         assert body is None
         return
     assert body is not None and json.loads(body) == {"queue": "q", "due": soon.timestamp()}
     # Due after the next poll: the worker learns of it then, no NOTIFY needed.
-    assert write.notify_body(connection, "q", at(5)) is None
+    assert wakeup.notify_body(connection, "q", at(5)) is None
     settings.DELAYQ = {**settings.DELAYQ, "NOTIFY": False}
-    assert write.notify_body(connection, "q", soon) is None
+    assert wakeup.notify_body(connection, "q", soon) is None
 
 
 def test_notify_sends_one_wake_up_where_there_is_notify(fake_clock: FakeClock) -> None:
     with CaptureQueriesContext(connection) as queries:
-        write.notify(connection, "q", at(0))
-        write.notify(connection, "q", at(3600))  # after the next poll: nothing
+        wakeup.notify(connection, "q", at(0))
+        wakeup.notify(connection, "q", at(3600))  # after the next poll: nothing
     sent = [q["sql"] for q in queries]
     if can().notify:
-        assert len(sent) == 1 and "pg_notify" in sent[0] and write.NOTIFY_CHANNEL in sent[0]
+        assert len(sent) == 1 and "pg_notify" in sent[0] and wakeup.NOTIFY_CHANNEL in sent[0]
     else:
         assert sent == []
 

@@ -3,9 +3,9 @@
 The executors' connection parameters come from the Django connection's own
 ``get_connection_params()``; the JDBC URL from its ``settings_dict``; the
 statements that write the queue table from ``store`` (the upsert is
-``store.write``'s, the one write path of new messages, so a pipeline
-``--on-conflict update`` means exactly what ``enqueue(...,
-on_conflict="update")`` means).
+``store.loader``'s: the statement of ``store.write``, the one write path of
+new messages, so a pipeline ``--on-conflict update`` means exactly what
+``enqueue(..., on_conflict="update")`` means).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.dbapi import DbTarget, DeletePlan, LoadPlan, connect
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
-from django_delayq.store import retention, write
+from django_delayq.store import loader, new_rows, retention, wakeup
 from django_delayq.store.features import features
 
 ARCHIVE_LOCK = "django_delayq.archive"
@@ -168,12 +168,12 @@ def load_plan(
     attempt did.
     """
     connection = connections[alias]
-    shared = write.template(
+    shared = new_rows.template(
         queue, kind=kind, priority=priority, due=now, max_attempts=None, now=now
     )
-    load = write.bulk_load(connection, shared, on_conflict, grouped=grouped)
+    load = loader.bulk_load(connection, shared, on_conflict, grouped=grouped)
     notify = (
-        write.NOTIFY_CHANNEL if features(connection).notify and get_config()["NOTIFY"] else None
+        wakeup.NOTIFY_CHANNEL if features(connection).notify and get_config()["NOTIFY"] else None
     )
     return LoadPlan(
         target(alias),

@@ -94,7 +94,7 @@ class LoadPlan:
     hold_back_sql: str = ""
     hold_back_params: tuple[Any, ...] = ()
     # MariaDB/MySQL: the temporary table's DDL, and with update the upsert of
-    # existing keys (store.write.bulk_load).
+    # existing keys (store.loader.bulk_load).
     table_sql: str = ""
     update_sql: str = ""
 
