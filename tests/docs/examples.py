@@ -28,6 +28,9 @@ pytest-django's settings wrapper), and so do the ``unittest.TestCase`` classes.
 After the page, Django's system checks must report no error (nor any warning
 of django-delayq), and everything the page registered (handlers, schedules,
 admin classes, signal receivers, models, modules, settings) is undone.
+
+``fenced_blocks`` gives a page's blocks of every language (``test_tutorial.py``
+follows the tutorial with them, in a new project, as its reader does).
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ HOST_PACKAGE = "tests.testapp"
 
 SKIP_RE = re.compile(r"^<!--\s*no-test\b.*-->\s*$")
 FENCE_RE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
-HEADER_RE = re.compile(r"^#\s*(?P<path>[\w./-]+\.py)\b")
+#: A block's first line naming the file it is: ``# app/handlers.py``, ``# pytest.ini``.
+HEADER_RE = re.compile(r"^#\s*(?P<path>[\w./-]+\.(?:py|ini))\b")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class Block:
     line: int  # of the block's first line of code, 1-based
     code: str
     skip: bool
+    language: str = "python"  # the first word after the opening fence
 
     @property
     def where(self) -> str:
@@ -91,6 +96,11 @@ def pages() -> list[Path]:
 
 def python_blocks(page: Path) -> list[Block]:
     """The page's ```` ```python ```` blocks, in order, with their skip markers."""
+    return [block for block in fenced_blocks(page) if block.language == "python"]
+
+
+def fenced_blocks(page: Path) -> list[Block]:
+    """The page's fenced blocks of every language, in order, with their skip markers."""
     lines = page.read_text().splitlines()
     blocks: list[Block] = []
     index = 0
@@ -112,16 +122,16 @@ def python_blocks(page: Path) -> list[Block]:
             ):
                 break
             end += 1
-        if info.split(maxsplit=1)[:1] == ["python"]:
-            previous = next((s for s in reversed(lines[:index]) if s.strip()), "")
-            blocks.append(
-                Block(
-                    page=page,
-                    line=start + 1,
-                    code="\n".join(lines[start:end]) + "\n",
-                    skip=bool(SKIP_RE.match(previous.strip())),
-                )
+        previous = next((s for s in reversed(lines[:index]) if s.strip()), "")
+        blocks.append(
+            Block(
+                page=page,
+                line=start + 1,
+                code="\n".join(lines[start:end]) + "\n",
+                skip=bool(SKIP_RE.match(previous.strip())),
+                language=(info.split(maxsplit=1) or [""])[0],
             )
+        )
         index = end + 1
     return blocks
 
