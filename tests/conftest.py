@@ -33,35 +33,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
 
 
-# Where pytest-xdist sends the tests (scripts/dev.sh runs --dist loadfile): a
-# file's tests go to one process and run in their order (they share fixtures),
-# and the Spark pipeline's go to two: each process that runs one starts a
-# Spark session, a JVM of most of a gigabyte and seconds of CPU, so two per
-# run rather than one per process, each with about half of the pipeline's
-# time (the archive and the standalone cluster; the rest).
-PIPELINE = "tests/pipeline/"
-PIPELINE_ARCHIVE = ("tests/pipeline/test_archive.py", "tests/pipeline/test_cluster.py")
-
-
-def test_group(nodeid: str) -> str:
-    """The unit of work pytest-xdist gives one process: a file, or a half of the pipeline."""
-    path = nodeid.split("::", 1)[0]
-    if path.startswith(PIPELINE):
-        return "pipeline-archive" if path in PIPELINE_ARCHIVE else "pipeline"
-    return path
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadFileScheduling
+    from tests.scheduling import scheduler
 
-    class Grouped(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid)
-
-    return Grouped(config, log)
+    return scheduler(config, log)
 
 
 ROOT = Path(__file__).resolve().parent.parent
