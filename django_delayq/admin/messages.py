@@ -22,7 +22,8 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.templatetags.admin_urls import add_preserved_filters
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
@@ -164,6 +165,17 @@ def status_badge(message: Message) -> SafeString:
     )
 
 
+def compact_time(value: datetime) -> SafeString:
+    """A timestamp on two short lines (date, then time), the full one in the title."""
+    local = timezone.localtime(value)
+    return format_html(
+        '<span class="dq-when" title="{}">{}<br>{}</span>',
+        local_time(value),
+        formats.date_format(local, "SHORT_DATE_FORMAT"),
+        formats.time_format(local, "TIME_FORMAT"),
+    )
+
+
 # -- changelist plumbing ----------------------------------------------------------------
 
 
@@ -273,6 +285,11 @@ class SafeChangeList(ChangeList):
 
 
 class MessageChangeList(SafeChangeList):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # reads the page (get_results)
+        for message in self.result_list:
+            message.delayq_link = self.link_for(message)  # type: ignore[attr-defined]
+
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         queryset = super().get_queryset(request, exclude_parameters)
         return queryset.defer(*LIST_DEFERRED)
@@ -283,6 +300,19 @@ class MessageChangeList(SafeChangeList):
         if first is not None and not self.multi_page:
             # The paginator read the whole (one-page) result while counting.
             self.result_list = first
+
+    def link_for(self, message: Message) -> tuple[str, str | None]:
+        """The change page's URL as Django's own list links give it (the filters kept
+        for the way back) and, in a popup, the value the link hands to the opener:
+        the key column links there as the id column does."""
+        url = add_preserved_filters(
+            {"preserved_filters": self.preserved_filters, "opts": self.opts},
+            self.url_for_result(message),
+        )
+        opener = None
+        if self.is_popup:
+            opener = str(message.serializable_value(str(self.to_field or self.pk_attname)))
+        return url, opener
 
 
 # -- filters ---------------------------------------------------------------------------
@@ -699,20 +729,20 @@ TIMELINE = (
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
     form = MessageForm
+    # Seven columns, so that the list fits a laptop's screen beside the admin's
+    # sidebar and the filters: the key over its queue, kind and group; the
+    # status over the attempts; the long texts cut by the stylesheet (admin.css),
+    # whole in their title.
     list_display = (
         "id",
-        "queue",
-        "key",
-        "kind",
-        "group_display",
+        "key_display",
         "status_display",
         "priority",
         "next_attempt",
-        "attempts",
         "error",
-        "created_at",
+        "created",
     )
-    list_display_links = ("id", "key")
+    list_display_links = ("id",)
     list_filter = (
         "status",
         QueueFilter,
@@ -746,7 +776,7 @@ class MessageAdmin(admin.ModelAdmin):
                     "key",
                     "kind",
                     "group",
-                    "status_display",
+                    "status_badge_display",
                     "priority",
                     "max_attempts",
                 )
@@ -763,7 +793,7 @@ class MessageAdmin(admin.ModelAdmin):
         "queue",
         "key",
         "group",
-        "status_display",
+        "status_badge_display",
         *TIMELINE,
         "lock_display",
         "error_display",
@@ -776,8 +806,58 @@ class MessageAdmin(admin.ModelAdmin):
 
     # -- columns --------------------------------------------------------------------
 
-    @admin.display(description=gettext_lazy("status"), ordering="status")
+    @admin.display(description=gettext_lazy("key, queue, kind"))
+    def key_display(self, obj: Message) -> SafeString:
+        """The key, linking to the message; under it its queue and kind, and its
+        group, linking to the group's messages (``?queue=...&group=...``)."""
+        link = getattr(obj, "delayq_link", None)
+        if link is None:  # not from the changelist: no filters to keep
+            opts = self.opts
+            change = f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change"
+            link = (reverse(change, args=[quote(obj.pk)]), None)
+        url, opener = link
+        key = obj.key or self.get_empty_value_display()
+        parts = [
+            format_html(
+                '<a class="dq-key" href="{}"{} title="{}">{}</a>',
+                url,
+                format_html(' data-popup-opener="{}"', opener) if opener is not None else "",
+                key,
+                key,
+            )
+        ]
+        where = f"{obj.queue} · {obj.kind}" if obj.kind else obj.queue
+        title = (
+            _("queue %(queue)s, kind %(kind)s") % {"queue": obj.queue, "kind": obj.kind}
+            if obj.kind
+            else _("queue %(queue)s") % {"queue": obj.queue}
+        )
+        parts.append(format_html('<span class="dq-where" title="{}">{}</span>', title, where))
+        if obj.group:
+            parts.append(
+                format_html(
+                    '<span class="dq-group" title="{}">{} {}</span>',
+                    _("group %(group)s") % {"group": obj.group},
+                    _("group"),
+                    self.group_display(obj),
+                )
+            )
+        return SafeString("".join(parts))
+
+    @admin.display(description=gettext_lazy("status, attempts"), ordering="status")
     def status_display(self, obj: Message) -> SafeString:
+        """The badge, and under it the attempts made against the cap a worker applies."""
+        made, cap = obj.attempt_count, effective_max_attempts(obj)
+        return format_html(
+            '{}<span class="dq-attempts" title="{}">{} / {}</span>',
+            status_badge(obj),
+            _("%(made)s attempts of at most %(cap)s") % {"made": made, "cap": cap},
+            made,
+            cap,
+        )
+
+    @admin.display(description=gettext_lazy("status"))
+    def status_badge_display(self, obj: Message) -> SafeString:
         return status_badge(obj)
 
     @admin.display(description=gettext_lazy("group"))
@@ -808,8 +888,13 @@ class MessageAdmin(admin.ModelAdmin):
         line = obj.error_summary()
         if not line:
             return ""
-        short = line if len(line) <= 80 else line[:79] + "…"
-        return format_html('<span title="{}">{}</span>', line, short)
+        # The stylesheet shows what fits the column (up to three lines).
+        short = line if len(line) <= 160 else line[:159] + "…"
+        return format_html('<span class="dq-error-line" title="{}">{}</span>', line, short)
+
+    @admin.display(description=gettext_lazy("created"))
+    def created(self, obj: Message) -> SafeString:
+        return compact_time(obj.created_at)
 
     # -- change page fields ---------------------------------------------------------
 

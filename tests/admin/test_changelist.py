@@ -54,6 +54,33 @@ def test_long_errors_are_cut_with_the_full_line_in_the_title(admin_client):
     assert "…" in row and 'title="E: ' + "x" * 200 + '"' in row
 
 
+def test_the_key_cell_links_to_the_message_and_shows_its_queue_kind_and_group(admin_client):
+    message = MessageFactory(key="order-7", kind="billing.Invoice", group="customer-3")
+    row = row_of(admin_client.get(f"{CHANGELIST}?queue=default"), message)
+    # To the change page, the filters kept for the way back, as the id's link.
+    link = f"{CHANGELIST}{message.pk}/change/?_changelist_filters=queue%3Ddefault"
+    assert f'<a class="dq-key" href="{link}" title="order-7">order-7</a>' in row
+    assert row.count(f'href="{link}"') == 2
+    assert ">default · billing.Invoice</span>" in row
+    assert 'href="?queue=default&amp;group=customer-3">customer-3</a>' in row
+
+
+def test_in_a_popup_the_key_hands_the_message_to_the_opener(admin_client):
+    message = MessageFactory(key="order-8")
+    html = admin_client.get(f"{CHANGELIST}?_popup=1&_to_field=id").content.decode()
+    # The id's link and the key's both.
+    assert html.count(f'data-popup-opener="{message.pk}"') == 2
+    assert f'data-popup-opener="{message.pk}" title="order-8">order-8</a>' in html
+
+
+def test_status_attempts_and_created_are_compact_with_the_whole_in_titles(admin_client):
+    message = MessageFactory(attempt_count=2, max_attempts=4)
+    row = row_of(admin_client.get(CHANGELIST), message)
+    assert 'title="2 attempts of at most 4">2 / 4</span>' in row
+    created = message_admin.local_time(message.created_at)
+    assert f'<span class="dq-when" title="{created}">' in row
+
+
 def test_newest_messages_first(admin_client):
     first, second = MessageFactory(), MessageFactory()
     assert listed(admin_client.get(CHANGELIST)) == [second.pk, first.pk]

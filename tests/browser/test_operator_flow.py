@@ -98,7 +98,8 @@ def test_operator_finds_messages_by_payload_and_reschedules_them(page, admin_log
     page.wait_for_url("**q=companyId*")
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 4
-    assert sorted(page.locator("#result_list tbody td.field-key").all_inner_texts()) == [
+    keys = page.locator("#result_list tbody td.field-key_display a.dq-key")
+    assert sorted(keys.all_inner_texts()) == [
         "invoice-0",
         "invoice-1",
         "invoice-2",
