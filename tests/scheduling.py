@@ -37,17 +37,9 @@ def work_unit(nodeid: str) -> str:
     return path
 
 
-def longest_first(nodeids: list[str], durations: dict[str, float]) -> list[str]:
-    """``nodeids`` with the units expected to take longest first (a stable sort)."""
-    counts: dict[str, int] = {}
-    for nodeid in nodeids:
-        group = work_unit(nodeid)
-        counts[group] = counts.get(group, 0) + 1
-
-    def expected(group: str) -> float:
-        return durations.get(group, counts[group] * UNKNOWN_TEST_SECONDS)
-
-    return sorted(nodeids, key=lambda nodeid: -expected(work_unit(nodeid)))
+def expected_seconds(unit: str, tests: int, durations: dict[str, float]) -> float:
+    """How long ``unit`` (of ``tests`` tests) is expected to take."""
+    return durations.get(unit, tests * UNKNOWN_TEST_SECONDS)
 
 
 def scheduler(config: Any, log: Any) -> Any:
@@ -57,15 +49,23 @@ def scheduler(config: Any, log: Any) -> Any:
     durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
 
     class Grouped(LoadFileScheduling):
+        _sorted = False
+
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
-        def schedule(self) -> None:
-            if self.collection is None:
-                # Every process collected the same list: each is put in the same order.
-                self.config.option.loadscopereorder = False
-                for node, collection in self.registered_collections.items():
-                    self.registered_collections[node] = longest_first(collection, durations)
-            super().schedule()
+        def _assign_work_unit(self, node: Any) -> None:
+            # The queue of units is sorted once, before the first is handed
+            # out. (Each process runs the tests it is sent by their index in
+            # its own collection: the collections themselves keep their order.)
+            if not self._sorted:
+                self._sorted = True
+                units = sorted(
+                    self.workqueue.items(),
+                    key=lambda item: -expected_seconds(item[0], len(item[1]), durations),
+                )
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return Grouped(config, log)
