@@ -182,6 +182,10 @@ PREPARED_TESTS=(
   tests/store tests/process tests/integration/test_enqueue.py tests/integration/test_worker.py
   tests/integration/test_acks.py tests/integration/test_atomic_groups.py
   tests/integration/test_limits.py tests/integration/test_groups.py
+  # Processes whose statements the in-process tests above already send: the
+  # flow control's minute of rate windows, the health probes, the metrics.
+  --ignore=tests/process/test_flow_control.py --ignore=tests/process/test_health.py
+  --ignore=tests/process/test_metrics.py
 )
 
 run_suite() {
@@ -364,13 +368,15 @@ run_mysql_suite() {
 VENV_DJ6="${VENV_DJ6:-.venv-dj6}"
 # The main leg runs everything on Django 5.2 (with the django-tasks backport);
 # this one keeps to what differs between the two: the Tasks backend on
-# django.tasks, and a core subset (enqueue, worker, admin list) that meets
-# Django's own changes and deprecations (warnings are errors).
+# django.tasks, and a core subset (enqueue, worker, store) that meets
+# Django's own changes and deprecations (warnings are errors); on PostgreSQL
+# also the checks and the rest of tests/unit, the admin's list, and the
+# tutorial followed on Django 6.1 (tests/docs/test_tutorial.py).
 DJ6_TESTS=(
   tests/integration/test_tasks_backend.py tests/process/test_tasks_processes.py
-  tests/unit tests/store tests/integration/test_enqueue.py tests/integration/test_worker.py
-  tests/admin/test_changelist.py
+  tests/store tests/integration/test_enqueue.py tests/integration/test_worker.py
 )
+DJ6_PG_TESTS=(tests/unit tests/admin/test_changelist.py tests/docs/test_tutorial.py)
 
 find_python_dj6() {
   # PYTHON_DJ6, else python3.12 / python3.13 on PATH, else a pyenv-installed 3.12+.
@@ -409,7 +415,8 @@ run_django6() {
   pg_url="$(scripts/ensure-postgres.sh)"
   sqlite_url="sqlite:///${TMPDIR:-/tmp}/delayq-dj6-$(id -u).sqlite3"
   log "Django 6: Tasks backend and core subset on PostgreSQL ($pg_url)"
-  DATABASE_URL="$pg_url" "$py6" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "${DJ6_TESTS[@]}"
+  DATABASE_URL="$pg_url" "$py6" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" \
+    "${DJ6_TESTS[@]}" "${DJ6_PG_TESTS[@]}"
   log "Django 6: Tasks backend and core subset on SQLite ($sqlite_url)"
   DATABASE_URL="$sqlite_url" "$py6" -m pytest -q -p no:cacheprovider "${PARALLEL[@]}" "${DJ6_TESTS[@]}"
 }
