@@ -113,6 +113,9 @@ def test_dashboard_page_shows_the_chart_and_the_table(fake_clock, viewer):
     assert svg.group(0).count('<g class="bar">') == 60
     assert "6 succeeded, 2 failed" in svg.group(0)  # the accessible summary
     assert 'data-queue="default"' in html
+    # Only the failed counts are marked bad (red), not the successes beside them.
+    marked = re.findall(r'<a [^>]*class="delayq-bad" title="([^"]+)"', html)
+    assert sorted(marked) == ["1 failed", "1 failed", "2 failed", "2 failed"], marked
     assert "<script" not in html.split('id="content-main"')[1]
     # No pause buttons without the change permission.
     assert 'name="action" value="pause"' not in html
