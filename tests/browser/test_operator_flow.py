@@ -6,22 +6,53 @@ with the reason), and check the rows in the database. A second test opens a
 message's change page and uses its buttons.
 
 With ``DELAYQ_SCREENSHOTS=docs/screenshots`` the pages are saved for the
-README (``make screenshots``).
+README (``make screenshots``). They show a project's admin, so the handlers
+are those of a project whose queues are the scene's (``default`` and
+``emails``), not the test app's dozens of queues, which the dashboard and the
+queue filter would list.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from django_delayq import handler
 from django_delayq.models import Message
+from django_delayq.registry import registry
 from tests.factories import MessageFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def project_handlers() -> Iterator[None]:
+    """A project's handlers, for the scene's queues only, in place of the test app's
+    while the test runs (the live server shares this process): the dashboard lists
+    the queues of the registered handlers and the list's queue filter offers
+    them, beside those of the rows."""
+    handlers, models = dict(registry._handlers), dict(registry._models)
+    registry._handlers.clear()
+    registry._models.clear()
+    try:
+
+        @handler("default")
+        def run_task(message: Message) -> None: ...
+
+        @handler("emails")
+        def send_email(message: Message) -> None: ...
+
+        yield
+    finally:
+        registry._handlers.clear()
+        registry._handlers.update(handlers)
+        registry._models.clear()
+        registry._models.update(models)
 
 
 def shot(page, name: str, *, full_page: bool = False) -> None:
