@@ -103,8 +103,14 @@ def test_a_fault_at_a_site_loses_nothing_and_stops_nothing(site, error):
         pytest.skip(AFTER_A_FAULT[site])
     if site in not_here():
         pytest.skip(not_here()[site])
-    outcome = run_site(site, error)
-    assert outcome.fired, f"the workload never reached {site}"
+    # A few sites are reached only when two threads meet in a window (the
+    # keeper's extension between a theft and the thief's outcome): a run
+    # that never reached the site tested nothing, and is run again.
+    for _ in range(3):
+        outcome = run_site(site, error)
+        if outcome.fired or outcome.hung or outcome.violations:
+            break
+    assert outcome.fired, f"the workload never reached {site} in three runs"
     assert not outcome.hung
     assert not outcome.violations, outcome.violations
 
