@@ -4,6 +4,10 @@
     ``MessageAdmin``: the changelist (columns, filters, payload search, cheap
     counts), the change page (payload, error, timeline, operation buttons),
     and the hook for extra pages (``EXTRA_URLS`` / ``register_view``).
+``display.py``, ``changelist.py``, ``filters.py``, ``payload.py``, ``forms.py``
+    its parts: how a message is shown (the list's columns, the change page's
+    read-only fields), the paginator and changelist classes, the list
+    filters, the payload's JSON display and form field, and the change form.
 ``actions.py``
     the admin actions and their intermediate pages; each calls a function of
     ``django_delayq.operations``.

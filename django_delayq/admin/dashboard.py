@@ -29,7 +29,8 @@ from django.utils.translation import gettext_lazy as _lazy
 from django.views.decorators.http import require_POST
 
 from django_delayq import flowstats, stats
-from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS, span
+from django_delayq.admin.display import span
+from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
 from django_delayq.queues import pause_queue, queue_states, resume_queue
 
 if TYPE_CHECKING:

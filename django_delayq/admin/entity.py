@@ -12,7 +12,7 @@ For a model with ``django_delayq.entity.QueueFields``::
 The changelist gains the queue columns, the status / retrying / overdue
 filters of the message changelist, and its actions (run now, retry, cancel,
 reschedule, and change priority if the model has a ``priority`` column),
-with the same intermediate page: the filters are ``admin/messages.py``'s and
+with the same intermediate page: the filters are ``admin/filters.py``'s and
 every action calls ``django_delayq.operations``, so a running row whose
 worker holds the lease is refused exactly as a running message is. The queue
 columns are read-only on the change page: they change through the actions
@@ -34,7 +34,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 
 from django_delayq.admin import actions
-from django_delayq.admin.messages import OverdueFilter, RetryingFilter
+from django_delayq.admin.filters import OverdueFilter, RetryingFilter
 from django_delayq.entity import QueueFields
 from django_delayq.operations import has_priority
 from django_delayq.store import operators, queue_fields

@@ -28,12 +28,8 @@ from django.utils.translation import gettext_noop
 
 from django_delayq import operations, triage
 from django_delayq.admin.dashboard import admin_url, changelist_url
-from django_delayq.admin.messages import (
-    EXTRA_URLS,
-    OBJECT_TOOLS,
-    UndecodablePayload,
-    pretty_json,
-)
+from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
+from django_delayq.admin.payload import UndecodablePayload, pretty_json
 from django_delayq.fingerprint import normalise
 from django_delayq.models import QUEUE_MAX_LENGTH, Message
 from django_delayq.values import escape_surrogates

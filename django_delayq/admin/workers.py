@@ -21,7 +21,7 @@ from django.utils.text import smart_split
 from django.utils.translation import gettext_lazy as _
 
 from django_delayq import clock, liveness, search
-from django_delayq.admin.messages import SafeChangeList, offered_lookups, refuse_nul
+from django_delayq.admin.changelist import SafeChangeList, offered_lookups, refuse_nul
 from django_delayq.models import Message, WorkerState
 
 

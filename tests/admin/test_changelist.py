@@ -9,6 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_delayq.admin import messages as message_admin
+from django_delayq.admin.changelist import MessagePaginator
+from django_delayq.admin.display import local_time
 from django_delayq.models import Message
 from django_delayq.store import queries
 from tests.admin.message_pages import CHANGELIST, listed, one_of_each
@@ -77,7 +79,7 @@ def test_status_attempts_and_created_are_compact_with_the_whole_in_titles(admin_
     message = MessageFactory(attempt_count=2, max_attempts=4)
     row = row_of(admin_client.get(CHANGELIST), message)
     assert 'title="2 attempts of at most 4">2 / 4</span>' in row
-    created = message_admin.local_time(message.created_at)
+    created = local_time(message.created_at)
     assert f'<span class="dq-when" title="{created}">' in row
 
 
@@ -229,7 +231,7 @@ def test_no_count_of_the_whole_table(admin_client, monkeypatch):
 
 
 def test_counts_over_the_cap_say_more_than(admin_client, monkeypatch):
-    monkeypatch.setattr(message_admin.MessagePaginator, "CAP", 3)
+    monkeypatch.setattr(MessagePaginator, "CAP", 3)
     monkeypatch.setattr(message_admin.MessageAdmin, "list_per_page", 2)
     MessageFactory.create_batch(5)
     html = admin_client.get(f"{CHANGELIST}?status__exact=pending").content.decode()

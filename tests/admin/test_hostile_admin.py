@@ -272,7 +272,7 @@ def test_a_payload_too_deep_to_decode_at_all_is_shown_as_its_text(superuser):
 
 
 def test_pretty_json_is_indented_near_the_top_and_compact_below_the_cap():
-    from django_delayq.admin.messages import PRETTY_DEPTH, pretty_json
+    from django_delayq.admin.payload import PRETTY_DEPTH, pretty_json
 
     value = {"a": [1, {"b": "ü"}], "c": {}, "d": []}
     assert pretty_json(value) == json.dumps(value, indent=2, ensure_ascii=False)

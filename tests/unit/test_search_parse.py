@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 
 from django_delayq.admin.actions import parse_delay
-from django_delayq.admin.messages import span
+from django_delayq.admin.display import span
 from django_delayq.search import FieldTerm, parse, parse_value
 
 
