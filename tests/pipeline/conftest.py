@@ -25,6 +25,15 @@ from django_delayq.models import Message
 
 PIPELINE_ENV = {"DELAYQ_SPARK_UI": "0"}
 
+# The JVMs of these tests (the session's, the pipeline subprocesses', the
+# standalone cluster's) run jobs of a few rows: compiling them with the
+# optimising compiler and collecting with parallel GC threads is most of
+# their CPU. The client compiler alone and a serial collector take about a
+# third less CPU for the same tests (a JAVA_TOOL_OPTIONS of your own is kept).
+os.environ.setdefault(
+    "JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
+)
+
 
 def _spark_missing() -> str | None:
     from django_delayq.contrib.spark import PipelineError, session
