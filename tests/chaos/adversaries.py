@@ -589,6 +589,23 @@ class Run:
         queues = [q for q in QUEUES if q != "adv-ticks"] + list(SQLITE_QUEUES)
         return Message.objects.active().filter(queue__in=queues).count()
 
+    def undrained(self) -> str:
+        """What a run that does not drain still waits for: its active messages and the
+        workers that hold them, as the database sees them."""
+        from django_delayq import clock
+        from django_delayq.models import Message, WorkerState
+
+        queues = [q for q in QUEUES if q != "adv-ticks"] + list(SQLITE_QUEUES)
+        fields = ("pk", "queue", "kind", "status", "locked_by", "next_attempt_time", "group")
+        rows = Message.objects.active().filter(queue__in=queues).values_list(*fields)[:40]
+        workers = WorkerState.objects.values_list("name", "last_seen", "alive_until", "stopped_at")
+        return "\n".join(
+            [f"this host's time {clock.now()}", "active messages:"]
+            + [f"  {row}" for row in rows]
+            + ["workers:"]
+            + [f"  {w}" for w in workers]
+        )
+
     def look_for_stuck(self) -> None:
         """Messages running for longer than any handler here takes: no live executor."""
         from django_delayq import clock
@@ -627,7 +644,10 @@ class Run:
         looked = 0.0
         while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"adversary run did not drain within {c.timeout:.0f} s")
+                raise TimeoutError(
+                    f"adversary run did not drain within {c.timeout:.0f} s; "
+                    f"plan left: {plan}, progress {self.progress():.2f}\n{self.undrained()}"
+                )
             for consumer in list(self.consumers):
                 if consumer.proc.poll() is not None and not consumer.expected_exit:
                     self.crashes += 1
