@@ -183,16 +183,17 @@ DATABASE_LEG=(
   --ignore=tests/pipeline/test_bad_input.py --ignore=tests/pipeline/test_rejects.py
   --ignore=tests/pipeline/test_json_lines.py
   --ignore=tests/pipeline/test_payload_property.py --ignore=tests/pipeline/test_cluster.py
+  # The worker's health probes and metrics endpoints (HTTP, the same on every database).
+  --ignore=tests/process/test_health.py --ignore=tests/process/test_metrics.py
 )
 
 PREPARED_TESTS=(
-  tests/store tests/process tests/integration/test_enqueue.py tests/integration/test_worker.py
+  tests/store tests/integration/test_enqueue.py tests/integration/test_worker.py
   tests/integration/test_acks.py tests/integration/test_atomic_groups.py
   tests/integration/test_limits.py tests/integration/test_groups.py
-  # Processes whose statements the in-process tests above already send: the
-  # flow control's minute of rate windows, the health probes, the metrics.
-  --ignore=tests/process/test_flow_control.py --ignore=tests/process/test_health.py
-  --ignore=tests/process/test_metrics.py
+  # Real processes send the statements the in-process tests above send: one
+  # file of them (their LISTEN, their shutdown), not the rest.
+  tests/process/test_run_delayq.py
 )
 
 run_suite() {
@@ -298,14 +299,15 @@ run_quick() {
 
 # What a pooled deployment exercises: enqueue, claims, acknowledgements, leases,
 # cron, locks (integration, store), real run_delayq processes and the short chaos
-# run, in about four minutes. Left out: tests/unit (no database), the admin and
+# run, in about a minute and a half. Left out: tests/unit (no database), the admin and
 # the pipeline, the state machine's long random walk (one connection, the
 # statements integration covers), the multi-process flow control runs (a
 # minute of waiting on rate windows; their claims run through the pool in
 # tests/integration) and the fault injection at every call site of the worker
 # (tests/integration/test_faults.py: the PostgreSQL leg's; through a pooler it
 # would test nothing more), and the adversary run (tests/chaos/test_adversaries.py:
-# its lock holders and operators are sessions of their own, on the direct leg).
+# its lock holders and operators are sessions of their own, on the direct leg),
+# and the worker's HTTP probes and metrics.
 PGBOUNCER_TESTS=(
   tests/integration tests/store tests/process tests/chaos
   --ignore=tests/store/test_state_machine.py --ignore=tests/process/test_flow_control.py
@@ -319,6 +321,8 @@ PGBOUNCER_TESTS=(
   --ignore=tests/integration/test_tasks_backend.py
   --ignore=tests/integration/test_testing_helpers.py --ignore=tests/integration/test_reload.py
   --ignore=tests/integration/test_logs.py --ignore=tests/integration/test_signals.py
+  --ignore=tests/process/test_health.py --ignore=tests/process/test_metrics.py
+  --ignore=tests/process/test_tasks_processes.py
 )
 
 run_pgbouncer_suite() {

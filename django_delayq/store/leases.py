@@ -6,7 +6,8 @@ on ``(id, lock_token)`` of every worker's change (``settle.update_held``); the
 reads (:func:`held_ids`, :func:`states`) tell it whether an attempt is still
 its own. The Tasks backend's payload writes are a held row's writes too
 (:func:`write_payload`), and a live worker hands back the messages of dead
-ones (:func:`release_workers`).
+ones (:func:`release_workers`), and its own that no claim reply reached
+(:func:`release_unheld`).
 """
 
 from __future__ import annotations
@@ -172,24 +173,57 @@ def write_payload(
 def release_workers(names: Collection[str], *, using: str | None = None) -> dict[str, int]:
     """Hand back the running messages of these (dead) workers; returns counts by worker.
 
-    The messages become due at once and keep their attempt count (the
-    attempt was spent: a message that kills every worker that runs it still
-    stops at ``max_attempts``). Clearing the lock token fences off the
-    "dead" worker should it only have been frozen.
+    The messages become due at once and keep their attempt count
+    (:func:`_hand_back`). Clearing the lock token fences off the "dead"
+    worker should it only have been frozen.
     """
     alias = db_alias(using)
     released: dict[str, int] = {}
     for name in names:
-        handed_back = {
-            "status": Status.PENDING,
-            "next_attempt_time": clock.sql_now(),
-            "lock_token": None,
-            "updated_at": clock.sql_now(),
-        }
-        rows = Message.objects.using(alias).held_by([name])
-        queues = set(rows.order_by().values_list("queue", flat=True).distinct())
-        count = rows.update(**ending(Message, handed_back))
+        count = _hand_back(Message.objects.using(alias).held_by([name]), alias)
         if count:
             released[name] = count
-            wake(queues, using=alias)
     return released
+
+
+def release_unheld(
+    name: str, held: Collection[Any], *, using: str | None = None, limit: int = 1000
+) -> int:
+    """Hand back the running messages of this live worker that it does not hold and
+    whose lease lapsed; returns how many.
+
+    A claim whose commit's reply was lost (the connection cut as it
+    committed) leaves its rows running under the worker's name, yet in no
+    book: nothing runs them and nothing extends their leases, and since the
+    worker lives, no claim takes them back (``queries.claimable_condition``).
+    Under a global cap they held its places for good. A worker restarted
+    under the name of one that died leaves the same. ``held``: every id the
+    worker's book holds, read before this (a row claimed since has a fresh
+    lease, and a held row whose lease lapsed, its keeper kept off by another
+    transaction's lock, is in it).
+    """
+    alias = db_alias(using)
+    lapsed = (
+        Message.objects.using(alias).held_by([name]).filter(next_attempt_time__lt=clock.sql_now())
+    )
+    unheld = set(lapsed.values_list("pk", flat=True)[:limit]) - set(held)
+    if not unheld:
+        return 0
+    return _hand_back(lapsed.filter(pk__in=unheld), alias)
+
+
+def _hand_back(rows: Any, alias: str) -> int:
+    """Make running ``rows`` due again at once, keeping their attempt count (the
+    attempt was spent: a message that kills every worker that runs it still stops
+    at ``max_attempts``); clearing the lock token fences off their holder."""
+    handed_back = {
+        "status": Status.PENDING,
+        "next_attempt_time": clock.sql_now(),
+        "lock_token": None,
+        "updated_at": clock.sql_now(),
+    }
+    queues = set(rows.order_by().values_list("queue", flat=True).distinct())
+    count = int(rows.update(**ending(Message, handed_back)))
+    if count:
+        wake(queues, using=alias)
+    return count

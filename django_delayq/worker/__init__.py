@@ -495,6 +495,8 @@ class Worker:
 
     def _database_error(self) -> None:
         self._db_failures += 1
+        # A claim's commit may have lost its reply: rows claimed, never held.
+        self.keeper.look_for_unheld()
 
     def _processed(self, item: InFlight, result: str, elapsed: float) -> None:
         if self.metrics is not None:

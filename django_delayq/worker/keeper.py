@@ -30,6 +30,7 @@ from django.db import connections
 from django_delayq import liveness
 from django_delayq.logs import duration as duration_text
 from django_delayq.logs import message_fields, who
+from django_delayq.models import Message
 from django_delayq.store import leases
 from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.execute import record_time_limit
@@ -83,6 +84,11 @@ class Keeper:
         self._on_database_error = on_database_error
         self._on_heartbeat = on_heartbeat
         self._next_extend = self._next_beat = 0.0
+        # When to look for rows running under this worker's name that its
+        # book does not hold (see look_for_unheld): once a lease after the
+        # start, and after every database error.
+        self._look_for_unheld_at: float | None = None
+        self._longest_lease = max(leases).total_seconds()
         self._background = Background(
             "delayq-keeper",
             self._turn,
@@ -93,7 +99,19 @@ class Keeper:
 
     def start(self) -> None:
         self._next_extend = self._next_beat = time.monotonic()
+        self.look_for_unheld()
         self._background.start()
+
+    def look_for_unheld(self) -> None:
+        """Look, once every lease this worker gives could have lapsed, for rows running
+        under its name that it does not hold (safe from any thread).
+
+        A database error may have cut a claim's commit from its reply (the
+        rows are claimed, the worker never heard), and a worker restarted
+        under a dead one's name inherits its rows: both hold rows no claim
+        takes back from a live worker (``leases.release_unheld``).
+        """
+        self._look_for_unheld_at = time.monotonic() + self._longest_lease + self.extend_every
 
     def stop(self, timeout: float = 5.0) -> None:
         self._background.stop(timeout)
@@ -119,6 +137,9 @@ class Keeper:
             if now >= self._next_extend:
                 self._next_extend = now + self.extend_every
                 self.extend_leases()
+            if self._look_for_unheld_at is not None and now >= self._look_for_unheld_at:
+                self._look_for_unheld_at = None
+                self.release_unheld()
             if now >= self._next_beat:
                 self._next_beat = now + self.heartbeat_interval
                 if not liveness.beat(self.name, alive_for=self.alive_for, using=self.using):
@@ -162,6 +183,22 @@ class Keeper:
                     "(claimed again after their lease expired?)",
                     len(lost),
                 )
+
+    def release_unheld(self) -> None:
+        """Hand back the rows running under this worker's name that its book does not hold."""
+        held = [
+            item.row.pk
+            for (_, _, model), items in self.book.leases().items()
+            if model is Message
+            for item in items
+        ]
+        released = leases.release_unheld(self.name, held, using=self.using)
+        if released:
+            logger.warning(
+                "%d message(s) ran under this worker's name without being held by it "
+                "(a claim whose reply was lost, or a former worker of this name): handed back",
+                released,
+            )
 
     def enforce_time_limits(self) -> None:
         """Fail attempts that ran past their handler's ``time_limit``.

@@ -450,3 +450,23 @@ def test_a_coroutine_handed_to_a_dying_event_loop_is_never_left_waiting(monkeypa
     finishes_within(10, supervisor.restarts[0])
     assert finishes_within(10, lambda: loop.submit(victim()).result(10)) == "ran"
     loop.stop()
+
+
+def test_rows_claimed_for_a_live_worker_whose_claim_reply_was_lost_come_back(settings):
+    """A claim whose commit lost its reply (the connection cut as it committed) leaves
+    its rows running under the live worker's name, in no book: nothing runs them, and
+    no claim takes back a live worker's lapsed lease. Under a global cap they held its
+    places for good (a MariaDB adversary run stalled on it: the cap's two places, the
+    workers alive, nothing claimed for six minutes)."""
+    from django_delayq.flow import Scope
+    from django_delayq.store.limits import claim_limited
+
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.6, "POLL_INTERVAL": 0.1}
+    enqueue_many("limited", [{}] * 4)
+    worker = Worker(["limited"], concurrency=2, burst=True)
+    cap = Scope("limited", "", None, 2)
+    lost = claim_limited(["limited"], 2, [cap], worker=worker.name, lease=timedelta(seconds=0.6))
+    assert len(lost.claim.messages) == 2  # the cap's places, under the worker's own name
+    stats = finishes_within(60, worker.run)
+    assert stats[Result.SUCCEEDED] == 4
+    assert Message.objects.filter(queue="limited", status="succeeded").count() == 4

@@ -214,3 +214,25 @@ def test_releasing_a_dead_workers_superseded_row_leaves_the_new_version_due(
     state = MESSAGE.state(pk)
     expected = newer_version(state, now)
     assert subset(state, expected) == expected
+
+
+def test_release_unheld_hands_back_only_the_lapsed_rows_under_the_name_not_held() -> None:
+    from django.utils import timezone
+
+    from django_delayq import enqueue_many
+    from django_delayq.models import Message
+    from django_delayq.store import claim
+
+    enqueue_many("default", [{}] * 4)
+    mine = claim.claim(["default"], 3, worker="w-1", lease=timedelta(minutes=5))
+    other = claim.claim(["default"], 1, worker="w-2", lease=timedelta(minutes=5))
+    held, lost, fresh = mine.messages
+    Message.objects.filter(pk__in=[held.pk, lost.pk, other.messages[0].pk]).update(
+        next_attempt_time=timezone.now() - timedelta(seconds=1)
+    )
+    assert leases.release_unheld("w-1", [held.pk]) == 1
+    states = dict(Message.objects.values_list("pk", "status"))
+    assert states[lost.pk] == "pending"  # lapsed, not held: handed back
+    assert states[held.pk] == "running"  # lapsed but held (its keeper was kept off)
+    assert states[fresh.pk] == "running"  # not lapsed: a claim whose reply may be on its way
+    assert states[other.messages[0].pk] == "running"  # another worker's
