@@ -254,8 +254,9 @@ RUNS: dict[int, int] = {}
 
 
 def _steal(message):
-    """Another worker claims ``message`` meanwhile (as after an expired lease): a new lock
-    token, written and committed on a connection of its own (PostgreSQL)."""
+    """Another, live, worker claims ``message`` meanwhile (as after an expired lease): a
+    new lock token and the thief's name, written and committed on a connection of its
+    own (PostgreSQL), and the thief's heartbeat promising it lives for the day."""
     import psycopg
 
     params = {
@@ -265,7 +266,14 @@ def _steal(message):
     }
     with psycopg.connect(**params, autocommit=True) as other:
         other.execute(
-            "UPDATE django_delayq_message SET lock_token = gen_random_uuid() WHERE id = %s",
+            "INSERT INTO django_delayq_workerstate "
+            "(name, host, pid, queues, concurrency, started_at, last_seen, alive_until) "
+            "VALUES ('a-thief', 'elsewhere', 1, '[]', 1, now(), now(), now() + interval '1 day') "
+            "ON CONFLICT (name) DO UPDATE SET alive_until = EXCLUDED.alive_until"
+        )
+        other.execute(
+            "UPDATE django_delayq_message SET lock_token = gen_random_uuid(), "
+            "locked_by = 'a-thief' WHERE id = %s",
             [message.pk],
         )
 
