@@ -11,7 +11,7 @@ test:
 
 # The inner loop: PostgreSQL and SQLite side by side, without the browser, the
 # Spark pipeline, the run_delayq processes, the fault injection and the docs;
-# 3 to 4 minutes.
+# about 3 minutes.
 test-quick:
 	scripts/dev.sh quick
 
