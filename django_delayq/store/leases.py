@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Case, Expression, F, Model, Q, Value, When
 
 from django_delayq import clock
@@ -209,7 +210,12 @@ def release_unheld(
     unheld = set(lapsed.values_list("pk", flat=True)[:limit]) - set(held)
     if not unheld:
         return 0
-    return _hand_back(lapsed.filter(pk__in=unheld), alias)
+    # A row another transaction locks is skipped, never waited for: the keeper
+    # calling this extends every other lease, and must not stall behind it.
+    with transaction.atomic(using=alias):
+        free = lapsed.filter(pk__in=unheld).select_for_update(skip_locked=True)
+        ids = list(free.values_list("pk", flat=True))
+        return _hand_back(lapsed.filter(pk__in=ids), alias) if ids else 0
 
 
 def _hand_back(rows: Any, alias: str) -> int:
