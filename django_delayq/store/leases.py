@@ -13,7 +13,7 @@ ones (:func:`release_workers`), and its own that no claim reply reached
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -188,7 +188,11 @@ def release_workers(names: Collection[str], *, using: str | None = None) -> dict
 
 
 def release_unheld(
-    name: str, held: Collection[Any], *, using: str | None = None, limit: int = 1000
+    name: str,
+    held: Callable[[], Collection[Any] | None],
+    *,
+    using: str | None = None,
+    limit: int = 1000,
 ) -> int:
     """Hand back the running messages of this live worker that it does not hold and
     whose lease lapsed; returns how many.
@@ -198,16 +202,28 @@ def release_unheld(
     book: nothing runs them and nothing extends their leases, and since the
     worker lives, no claim takes them back (``queries.claimable_condition``).
     Under a global cap they held its places for good. A worker restarted
-    under the name of one that died leaves the same. ``held``: every id the
-    worker's book holds, read before this (a row claimed since has a fresh
-    lease, and a held row whose lease lapsed, its keeper kept off by another
-    transaction's lock, is in it).
+    under the name of one that died leaves the same.
+
+    ``held`` returns every id the worker's book holds, or None while one of
+    its claims is on its way into the book (then nothing is handed back: the
+    caller asks again later). It is asked *after* the lapsed rows are read,
+    so that a claim landing in between is either in the book or on its way
+    (read first, a claim landing after it was handed back under its running
+    attempt once a thread stalled for a lease). A row that left the book
+    meanwhile has ended, or is handed back only if it is still running with
+    its lease lapsed, which the update checks again.
     """
     alias = db_alias(using)
     lapsed = (
         Message.objects.using(alias).held_by([name]).filter(next_attempt_time__lt=clock.sql_now())
     )
-    unheld = set(lapsed.values_list("pk", flat=True)[:limit]) - set(held)
+    candidates = set(lapsed.values_list("pk", flat=True)[:limit])
+    if not candidates:
+        return 0
+    holding = held()
+    if holding is None:
+        return 0
+    unheld = candidates - set(holding)
     if not unheld:
         return 0
     # A row another transaction locks is skipped, never waited for: the keeper

@@ -186,36 +186,43 @@ class Claimer:
             limit = self.book.room(lane, batch)
             if limit <= 0:
                 continue
-            entity = lane.model is not Message
-            if lane.limits:
-                result = self._claim_limited(lane, queues, limit)
-            else:
-                limit = claim_size(limit, batch)
-                result = claim.claim(
-                    queues,
-                    limit,
-                    worker=self.name,
-                    lease=self.leases.get((queues[0], None), self.default_lease)
-                    if entity
-                    else self.default_lease,
-                    leases=self.leases,
-                    using=self.using,
-                    model=lane.model,
-                    kinds=lane.kinds,
-                )
+            with self.book.claiming():
+                result, limit = self._claim(lane, queues, limit, batch)
+                self.book.add(self._in_flight(lane, row, result.token) for row in result.messages)
             if len(result.messages) < limit or lane.wake_at is not None:
                 self._drained.add(id(lane))
             if not result.messages:
                 continue
             self._worked_at = time.monotonic()
             total += len(result.messages)
-            self.book.add(self._in_flight(lane, row, result.token) for row in result.messages)
         if total:
             # Let a handler thread that was waiting for this work start it now,
             # rather than when this thread next waits for the database (the
             # interpreter lock passes on a wait, or after 5 ms).
             time.sleep(0)
         return total
+
+    def _claim(
+        self, lane: Lane, queues: list[str], limit: int, batch: int
+    ) -> tuple[claim.Claim, int]:
+        """One claim for ``lane``, and the number of rows it asked for."""
+        if lane.limits:
+            return self._claim_limited(lane, queues, limit), limit
+        limit = claim_size(limit, batch)
+        entity = lane.model is not Message
+        result = claim.claim(
+            queues,
+            limit,
+            worker=self.name,
+            lease=self.leases.get((queues[0], None), self.default_lease)
+            if entity
+            else self.default_lease,
+            leases=self.leases,
+            using=self.using,
+            model=lane.model,
+            kinds=lane.kinds,
+        )
+        return result, limit
 
     def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> claim.Claim:
         """Claim under the lane's global limits; when they hold messages back, the lane

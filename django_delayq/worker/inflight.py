@@ -24,7 +24,8 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -116,8 +117,35 @@ class Book:
         self._held: set[InFlight] = set()
         # The newest claim of each row this worker holds.
         self._newest: dict[tuple[type[Model], Any], InFlight] = {}
+        # Claims sent and not yet in the book (held_ids).
+        self._claiming = 0
 
     # -- claimed --------------------------------------------------------------
+
+    @contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a claim and the ``add`` of what it returned (see ``held_ids``)."""
+        with self.cond:
+            self._claiming += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self._claiming -= 1
+
+    def held_ids(self, model: type[Model]) -> list[Any] | None:
+        """The ids of ``model``'s rows this worker holds; None while a claim is on its
+        way into the book.
+
+        Rows running under this worker's name that are in neither are handed
+        back (``leases.release_unheld``): a claim that is sent but not yet
+        added could be either (its rows committed, its thread not yet back),
+        however long ago it began; one that failed is no longer on its way.
+        """
+        with self.cond:
+            if self._claiming:
+                return None
+            return [item.row.pk for item in self._held if item.lane.model is model]
 
     def add(self, items: Iterable[InFlight]) -> None:
         """Hold freshly claimed attempts; a stale attempt of the same row that has not

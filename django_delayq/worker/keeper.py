@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
+from typing import Any
 
 from django.db import connections
 
@@ -186,13 +187,19 @@ class Keeper:
 
     def release_unheld(self) -> None:
         """Hand back the rows running under this worker's name that its book does not hold."""
-        held = [
-            item.row.pk
-            for (_, _, model), items in self.book.leases().items()
-            if model is Message
-            for item in items
-        ]
+        claiming = False
+
+        def held() -> list[Any] | None:
+            nonlocal claiming
+            ids = self.book.held_ids(Message)
+            claiming = ids is None
+            return ids
+
         released = leases.release_unheld(self.name, held, using=self.using)
+        if claiming:
+            # A claim was on its way into the book: its rows cannot be told
+            # from lost ones. Look again next turn.
+            self._look_for_unheld_at = time.monotonic() + self.extend_every
         if released:
             logger.warning(
                 "%d message(s) ran under this worker's name without being held by it "

@@ -470,3 +470,54 @@ def test_rows_claimed_for_a_live_worker_whose_claim_reply_was_lost_come_back(set
     stats = finishes_within(60, worker.run)
     assert stats[Result.SUCCEEDED] == 4
     assert Message.objects.filter(queue="limited", status="succeeded").count() == 4
+
+
+def test_a_claim_landing_while_the_keeper_looks_for_unheld_rows_is_not_handed_back(settings):
+    """The keeper looks for rows running under its worker's name that its book does not
+    hold. A claim that lands in the book while it looks (the claimer's thread, between
+    the keeper's read of the book and its read of the lapsed rows) must not be handed
+    back under its running attempt: the book is read after the rows (a CI run saw a
+    healthy worker's message run twice, its keeper stalled for a short lease)."""
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 60}
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], concurrency=1, burst=True)
+    landed = claim.claim(["default"], 1, worker=worker.name, lease=timedelta(seconds=60))
+    row = landed.messages[0]
+    Message.objects.filter(pk=message.pk).update(
+        next_attempt_time=timezone.now() - timedelta(seconds=1)
+    )
+    lane = worker.book.lanes[0]
+
+    def the_claim_lands(execute, sql, params, many, context):
+        # The claimer's thread adds its rows to the book as the keeper reads the
+        # lapsed ones (the row's lease is lapsed: the claimer stalled that long).
+        result = execute(sql, params, many, context)
+        if not worker.book.leases():
+            worker.book.add([worker.claimer._in_flight(lane, row, landed.token)])
+        return result
+
+    with connection.execute_wrapper(the_claim_lands):
+        worker.keeper.release_unheld()
+    message.refresh_from_db()
+    assert (message.status, message.lock_token) == ("running", landed.token)
+
+
+def test_rows_of_a_claim_on_its_way_into_the_book_are_not_handed_back(settings):
+    """A claim sent and not yet back (its thread stalled past the lease between the
+    commit and the book) holds rows the keeper cannot tell from a lost claim's: it
+    leaves them, and looks again once the claim is back; a claim that failed is no
+    longer on its way, and its rows are handed back."""
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 60}
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], concurrency=1, burst=True)
+    with worker.book.claiming():
+        claim.claim(["default"], 1, worker=worker.name, lease=timedelta(seconds=60))
+        Message.objects.filter(pk=message.pk).update(
+            next_attempt_time=timezone.now() - timedelta(seconds=1)
+        )
+        worker.keeper.release_unheld()
+        message.refresh_from_db()
+        assert message.status == "running"
+    worker.keeper.release_unheld()  # the claim's reply was lost: it never reached the book
+    message.refresh_from_db()
+    assert message.status == "pending"

@@ -230,7 +230,7 @@ def test_release_unheld_hands_back_only_the_lapsed_rows_under_the_name_not_held(
     Message.objects.filter(pk__in=[held.pk, lost.pk, other.messages[0].pk]).update(
         next_attempt_time=timezone.now() - timedelta(seconds=1)
     )
-    assert leases.release_unheld("w-1", [held.pk]) == 1
+    assert leases.release_unheld("w-1", lambda: [held.pk]) == 1
     states = dict(Message.objects.values_list("pk", "status"))
     assert states[lost.pk] == "pending"  # lapsed, not held: handed back
     assert states[held.pk] == "running"  # lapsed but held (its keeper was kept off)
