@@ -144,8 +144,11 @@ def test_a_key_committed_by_another_producer_meanwhile_is_reported_ignored():
     def our_insert_is_waiting() -> bool:
         with connection.cursor() as cursor:
             cursor.execute(
+                # This test's database only: the server runs other test
+                # processes' inserts too.
                 "SELECT COUNT(*) FROM information_schema.processlist "
-                "WHERE info LIKE 'INSERT IGNORE%%' AND id <> CONNECTION_ID()"
+                "WHERE db = DATABASE() AND info LIKE 'INSERT IGNORE%%' "
+                "AND id <> CONNECTION_ID()"
             )
             return cursor.fetchone()[0] > 0
 
