@@ -13,6 +13,9 @@ Layout:
 - ``jdbc.py``        reading the message table through Spark's JDBC source
 - ``storage.py``     files through Hadoop's FileSystem (local paths, s3a://, hdfs://)
 - ``enqueue_job.py``, ``archive_job.py``, ``report_job.py``   the three jobs
+- ``sources.py``     the enqueue job's data set: its format, columns and their types
+- ``row_checks.py``  the enqueue job's checks of every row, in the JVM
+- ``rejects.py``     the enqueue job's rejects file
 - ``render.py``      the report as a terminal table, HTML and PNG charts
 """
 

@@ -300,7 +300,7 @@ def scan_lines(order: str | None, rows: Iterable[Any]) -> Iterator[tuple[list[st
     ``parse_line`` reads it), first seen first; the kinds (``json_kind``,
     with numbers as ``bigint``, ``decimal`` or ``double``) are those of the
     order column's values, from which its type is chosen
-    (``enqueue_job.order_type``).
+    (``sources.order_type``).
     """
     names: dict[str, None] = {}
     kinds: set[str] = set()

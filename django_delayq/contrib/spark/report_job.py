@@ -32,7 +32,7 @@ from django.db import connections
 
 from django_delayq import fingerprint
 from django_delayq.contrib.spark import PipelineError, database, jdbc, session
-from django_delayq.contrib.spark.enqueue_job import is_url
+from django_delayq.contrib.spark.sources import is_url
 from django_delayq.contrib.spark.storage import java_message
 
 if TYPE_CHECKING:
