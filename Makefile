@@ -11,12 +11,12 @@ test:
 
 # The inner loop: PostgreSQL and SQLite side by side, without the browser, the
 # Spark pipeline, the run_delayq processes, the fault injection and the docs;
-# about 3 minutes.
+# about 2.5 minutes.
 test-quick:
 	scripts/dev.sh quick
 
 # Branch coverage of django_delayq over the PostgreSQL, SQLite and MariaDB legs
-# (every process counted), about 25 minutes; COVERAGE_LEGS=full runs the whole
+# (every process counted), about 12 minutes; COVERAGE_LEGS=full runs the whole
 # suite on every database.
 coverage:
 	scripts/dev.sh coverage
