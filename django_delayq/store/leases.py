@@ -177,11 +177,21 @@ def release_workers(names: Collection[str], *, using: str | None = None) -> dict
     The messages become due at once and keep their attempt count
     (:func:`_hand_back`). Clearing the lock token fences off the "dead"
     worker should it only have been frozen.
+
+    A row another transaction locks (a producer's upsert of its key, a bulk
+    reprioritise) is skipped, never waited for: the live workers look for
+    dead ones every heartbeat and hand it back once it is free. Waiting,
+    one locked row held back every other row of that worker for as long as
+    the lock lasted, and live workers releasing the same dead one at once
+    deadlocked on MariaDB.
     """
     alias = db_alias(using)
     released: dict[str, int] = {}
     for name in names:
-        count = _hand_back(Message.objects.using(alias).held_by([name]), alias)
+        rows = Message.objects.using(alias).held_by([name])
+        with transaction.atomic(using=alias):
+            free = list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
+            count = _hand_back(rows.filter(pk__in=free), alias) if free else 0
         if count:
             released[name] = count
     return released
