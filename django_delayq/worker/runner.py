@@ -31,7 +31,7 @@ from django.db.models import Model
 
 from django_delayq import guard
 from django_delayq.exceptions import DelayQError, HandlerNotFound
-from django_delayq.logs import message_fields
+from django_delayq.logs import message_fields, who
 from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.store import leases, settle
@@ -163,7 +163,7 @@ class Runner:
             # of ours. The attempt in hand goes back; the supervisor replaces
             # this thread.
             if item is not None:
-                self._hand_back([item])
+                self._hand_back([item], "its executor failed")
             self._died(threading.current_thread(), exc)
         finally:
             connections.close_all()
@@ -205,10 +205,23 @@ class Runner:
             extra=message_fields(items[0].row, outcome=Result.UNRECORDED) if items else {},
         )
         connections[self.using].close()
-        self._hand_back(items)
+        self._hand_back(items, "its outcome could not be recorded")
 
-    def _hand_back(self, items: list[InFlight]) -> None:
+    def _hand_back(self, items: list[InFlight], why: str) -> None:
+        """Release ``items`` to run again elsewhere, their attempts spent.
+
+        Each gets a line of its own: a message that runs again must say why
+        in the log (an operator reading two runs of one message, or the
+        adversary suite, finds the cause next to its id).
+        """
         for item in items:
+            logger.warning(
+                "%s attempt %d handed back, to run again: %s",
+                who(item.row),
+                item.row.attempt_count,
+                why,
+                extra=message_fields(item.row, outcome=Result.UNRECORDED),
+            )
             self.book.returned(item)
             self.settler.defer(
                 Unwritten(
@@ -350,7 +363,11 @@ class Runner:
             if not self.book.handler_done(item, elapsed):
                 # Taken past its time limit: a new executor has the slot. The
                 # attempts not run again yet go back to run elsewhere.
-                self._hand_back([i for i, _, _ in done[position + 1 :] if i not in lost])
+                self._hand_back(
+                    [i for i, _, _ in done[position + 1 :] if i not in lost],
+                    "its atomic group rolled back, and the re-run before it "
+                    "went past its time limit",
+                )
                 return out, True
             if again is not None:
                 out.append((item, again, elapsed))

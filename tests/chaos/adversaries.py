@@ -830,17 +830,26 @@ def check(run: Run, elapsed: float) -> Table:
     logs = "\n".join(
         consumer.log.read_text(errors="replace") for consumer in [*run.retired, *run.consumers]
     )
-    # Attempts the workers recorded as failed though the handler returned: an
-    # atomic handler's swallowed database error, a time limit.
-    failed = {
-        (int(m), int(a))
-        for m, a in re.findall(r"message (\d+) \([^)]*\) attempt (\d+) failed", logs)
-    } | {
-        (int(m), int(a))
-        for m, a in re.findall(
-            r"message (\d+) \([^)]*\) ran past its time limit of [^:]*: attempt (\d+)", logs
-        )
-    }
+    # Attempts the workers recorded as failed though the handler returned (an
+    # atomic handler's swallowed database error, a time limit), or handed back.
+    failed = (
+        {
+            (int(m), int(a))
+            for m, a in re.findall(r"message (\d+) \([^)]*\) attempt (\d+) failed", logs)
+        }
+        | {
+            (int(m), int(a))
+            for m, a in re.findall(
+                r"message (\d+) \([^)]*\) ran past its time limit of [^:]*: attempt (\d+)", logs
+            )
+        }
+        | {
+            # Handed back by its worker, to run again (an atomic group's re-run
+            # taken past its time limit, an outcome that could not be written).
+            (int(m), int(a))
+            for m, a in re.findall(r"message (\d+) \([^)]*\) attempt (\d+) handed back", logs)
+        }
+    )
 
     def explained(prev: dict[str, Any], nxt: dict[str, Any]) -> bool:
         """Why a message may run again after ``prev``."""

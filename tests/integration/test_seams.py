@@ -304,6 +304,55 @@ def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
     assert Message.objects.get(pk=stolen.pk).status == "running"  # left to its thief
 
 
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="groups of atomic handlers")
+def test_the_members_a_groups_late_rerun_hands_back_say_so_and_run_once_more(settings, caplog):
+    # The group [gated, plain, stolen] rolls back (its last message was claimed
+    # away); the gated one runs again alone and outlives its time limit, so the
+    # plain one, whose run rolled back with the group, goes back to run
+    # elsewhere. It runs again under a new attempt: the log must say so, with
+    # its id, or a second run of a message has no cause an operator can find.
+    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 1.0}
+    arrived, release = gate("rerun")
+    RUNS.clear()
+    with transaction.atomic():  # claimed together, in this order (highest priority first)
+        gated, plain, stolen = (
+            enqueue("atomic-limited", payload, priority=priority).message
+            for payload, priority in (({"gate": "rerun"}, 3), ({}, 2), ({"steal": True}, 1))
+        )
+    worker = Worker(["atomic-limited"], concurrency=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    caplog.set_level(logging.WARNING, logger="django_delayq")
+    thread.start()
+    try:
+        assert arrived.wait(30)  # the gated message runs again, alone
+        wait_for(
+            lambda: "TimeLimitExceeded" in Message.objects.get(pk=gated.pk).last_error,
+            message="its time limit to pass",
+        )
+        release.set()
+        wait_for(
+            lambda: Message.objects.get(pk=plain.pk).status == "succeeded",
+            message="the handed-back message to run again",
+        )
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    plain.refresh_from_db()
+    assert plain.attempt_count == 2 and RUNS[plain.pk] == 2
+    assert list(Effect.objects.filter(message_id=plain.pk).values_list("value", flat=True)) == [
+        "2"
+    ]  # the rolled-back run wrote nothing
+    handed = [r.getMessage() for r in caplog.records if f"message {plain.pk} " in r.getMessage()]
+    assert any(
+        f"message {plain.pk} (atomic-limited/" in line
+        and "attempt 1 handed back, to run again" in line
+        and "time limit" in line
+        for line in handed
+    ), handed
+
+
 def test_an_atomic_handler_past_its_time_limit_commits_nothing_whoever_sees_it_first(
     run_worker, settings
 ):
