@@ -190,6 +190,10 @@ class Registry:
             if spec is not None and spec.model is not None:
                 self._models.pop(spec.model, None)
 
+    def models(self) -> list[type[Model]]:
+        """The ``QueueFields`` models a handler consumes."""
+        return list(self._models)
+
     def for_model(self, model: type[Model]) -> HandlerSpec | None:
         """The handler registered for a ``QueueFields`` model, or None."""
         return self._models.get(model)

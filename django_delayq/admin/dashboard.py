@@ -11,6 +11,7 @@ through the ``EXTRA_URLS`` hook when ``django_delayq.admin`` imports it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -32,6 +34,8 @@ from django_delayq import flowstats, stats
 from django_delayq.admin.display import span
 from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
 from django_delayq.queues import pause_queue, queue_states, resume_queue
+from django_delayq.routers import queue_alias
+from django_delayq.store import pressure
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -39,6 +43,8 @@ if TYPE_CHECKING:
 URL_NAME = "django_delayq_message_dashboard"
 QUEUE_STATE_URL_NAME = "django_delayq_message_queue_state"
 TEMPLATE = "admin/django_delayq/dashboard.html"
+
+logger = logging.getLogger("django_delayq.admin")
 
 
 def admin_url(model_admin: ModelAdmin[Any], suffix: str, *args: object) -> str:
@@ -282,9 +288,23 @@ def dashboard_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> Templa
         "failures_url": admin_url(model_admin, "failures"),
         "queue_state_url": admin_url(model_admin, "queue_state"),
         "window_short": int(stats.WINDOW_SHORT.total_seconds() // 60),
+        "database_problems": _database_problems(),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, TEMPLATE, context)
+
+
+def _database_problems() -> list[pressure.Check] | None:
+    """The database checks that found a problem (``delayq_status --health``); None
+    if the server's statistics could not be read (a role without the right)."""
+    alias = queue_alias()
+    try:
+        with transaction.atomic(using=alias):  # a failed read must not spoil the request's
+            checks = pressure.health(alias)
+    except DatabaseError:
+        logger.warning("could not read the database's statistics", exc_info=True)
+        return None
+    return [check for check in checks if check.problem]
 
 
 def queue_state_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> HttpResponse:

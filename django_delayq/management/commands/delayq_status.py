@@ -1,4 +1,5 @@
-"""``manage.py delayq_status``: per-queue counts and lag, flow control, then the workers."""
+"""``manage.py delayq_status``: per-queue counts and lag, flow control, then the workers;
+``--health``: what the database does to the queue's tables (``store/pressure.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq import durations
 from django_delayq.flowstats import QueueFlow, ScopeFlow, flow_stats
@@ -15,6 +16,7 @@ from django_delayq.management import arguments
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
 from django_delayq.stats import queue_stats
+from django_delayq.store import pressure
 
 COLUMNS = (
     "queue",
@@ -89,8 +91,26 @@ class Command(BaseCommand):
             help="List every worker the database remembers (a day after its last heartbeat), "
             "the cleanly stopped ones too.",
         )
+        parser.add_argument(
+            "--health",
+            action="store_true",
+            help="Instead of the queues: what the database does to the queue's tables "
+            "(transactions holding the vacuum horizon, dead rows, autovacuum, sizes, "
+            "the notification queue), each problem with what to do. Exits 1 if there is one.",
+        )
+        parser.add_argument(
+            "--long-transaction",
+            type=arguments.seconds(zero=True),
+            default=pressure.LONG_TRANSACTION.total_seconds(),
+            metavar="SECONDS",
+            help="With --health: a transaction open longer than this is a problem "
+            "(default %(default)g).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["health"]:
+            self._health(options["database"], options["long_transaction"])
+            return
         stats = queue_stats(options["queues"], using=options["database"])
         paused = paused_queues(options["queues"], using=options["database"])
         handled = set(registry.queues())
@@ -130,6 +150,21 @@ class Command(BaseCommand):
                 self.stdout.write(NO_HANDLER_NOTE)
         self._flows(flows)
         self._workers(options["database"], every=options["all_workers"])
+
+    def _health(self, using: str | None, long_transaction: float) -> None:
+        limits = pressure.Limits(long_transaction=timedelta(seconds=long_transaction))
+        checks = pressure.health(using, limits)
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            mark = "!" if check.problem else " "
+            self.stdout.write(f"{mark} {check.name.ljust(width)}  {check.value}")
+        problems = [c for c in checks if c.problem]
+        if problems:
+            self.stdout.write("")
+        for check in problems:
+            self.stdout.write(f"! {check.name}: {check.advice}")
+        if problems:
+            raise CommandError(f"{len(problems)} health problem(s)", returncode=1)
 
     def _flows(self, flows: list[QueueFlow]) -> None:
         if not flows:
