@@ -22,7 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from django.db.models import Field, Model
+from django.db import connections
+from django.db.models import Field, Model, QuerySet
 
 from django_delayq.models import Message
 from django_delayq.routers import model_alias
@@ -107,6 +108,19 @@ def inlined(connection: Any, sql: str, params: Any) -> tuple[str, tuple[Any, ...
         return sql, tuple(params)
     text = connection.ops.compose_sql(sql, tuple(params))
     return text.replace("%", "%%"), ()
+
+
+def rows_with_literals(queryset: QuerySet[Any], alias: str) -> list[tuple[Any, ...]]:
+    """``queryset``'s rows (a ``values_list``), its parameters written into the statement
+    on SQLite, so that its partial indexes apply (see :func:`inlined`)."""
+    connection = connections[alias]
+    if connection.vendor != "sqlite":
+        return list(queryset)
+    sql, params = queryset.query.get_compiler(alias).as_sql()
+    sql, params = inlined(connection, sql, params)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 def _sqlite_literal(value: Any) -> str | None:

@@ -54,6 +54,7 @@ from django_delayq.store.columns import (
     has_column,
     model_field,
     quote_names,
+    rows_with_literals,
 )
 from django_delayq.store.features import features
 from django_delayq.store.queries import held_condition
@@ -275,7 +276,10 @@ def _release_held(alias: str, queue: str | None, groups: Sequence[str] | None) -
         .filter(head=F("first_held"))
         .values_list("head", "queue")
     )
-    free = list(firsts)
+    # On SQLite with its constants written in: bound, they kept it from the
+    # partial delayq_group_idx, and each success of a grouped message read
+    # every row of its queue to let the next one go.
+    free = rows_with_literals(firsts, alias)
     if not free:
         return 0
     now = clock.sql_now()

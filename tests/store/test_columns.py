@@ -38,3 +38,31 @@ def test_batches_cuts_a_list_into_consecutive_lists_of_at_most_its_size() -> Non
         columns.IN_BATCH,
         1001 - 2 * columns.IN_BATCH,
     ]
+
+
+HOSTILE_GROUPS = [
+    "plain",
+    "o'brien",
+    "''; DROP TABLE x; --",
+    "100%",
+    "%s",
+    "%%s",
+    "?",
+    "é ∑ 😀",
+    "a\\b",
+    "",
+]
+
+
+def test_rows_with_literals_reads_what_the_queryset_reads_whatever_the_values() -> None:
+    # The values are written into the statement on SQLite (so its partial
+    # indexes apply): quotes, percent signs and placeholders in a group's name
+    # must read as themselves.
+    from django_delayq import enqueue_many
+
+    enqueue_many("literal", [{} for _ in HOSTILE_GROUPS], groups=HOSTILE_GROUPS)
+    for name in HOSTILE_GROUPS:
+        rows = Message.objects.filter(queue="literal", group=name, status__in=["pending"])
+        query = rows.order_by("pk").values_list("group", "queue")
+        assert columns.rows_with_literals(query, "default") == list(query) == [(name, "literal")]
+    assert Message.objects.filter(queue="literal").count() == len(HOSTILE_GROUPS)

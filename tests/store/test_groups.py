@@ -456,3 +456,38 @@ def test_on_sqlite_a_claims_work_grows_linearly_with_the_grouped_backlog() -> No
     small, _ = _claim_work("small", 250)
     large, _ = _claim_work("large", 1000)
     assert large < 6 * small, (small, large)
+
+
+def _release_work(queue: str, backlog: int) -> int:
+    """SQLite's steps to let the next message of one group go, beside ``backlog`` other
+    groups of two messages each."""
+    from django_delayq import enqueue_many
+
+    names = [f"g{n}" for n in range(backlog)]
+    results = enqueue_many(queue, [{} for _ in names * 2], groups=names * 2)
+    Message.objects.filter(pk=results[0].message.pk).update(status="succeeded")
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.set_progress_handler(count, 1)
+    try:
+        released = groups.release_groups([(queue, "g0")])
+    finally:
+        raw.set_progress_handler(None, 0)
+    assert released == 1
+    return steps
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's planner")
+def test_on_sqlite_letting_a_group_go_on_reads_that_group_only() -> None:
+    # Done after every success of a grouped message: with its statuses bound it
+    # read every row of the queue, so draining a queue of groups was quadratic.
+    small = _release_work("small", 250)
+    large = _release_work("large", 1000)
+    assert large < 2 * small, (small, large)
