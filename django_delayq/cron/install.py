@@ -40,6 +40,7 @@ from django_delayq.cron.spec import (
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
 from django_delayq.store import ticks
+from django_delayq.store.columns import rows_with_literals
 from django_delayq.store.server import is_transient
 
 # Tries per schedule when installers deadlock with each other.
@@ -79,10 +80,11 @@ def _tick_rows(queues: Iterable[str], alias: str) -> list[TickRow]:
     queues = list(queues)
     if not queues:
         return []
-    found = (
+    found = rows_with_literals(
         Message.objects.using(alias)
         .ticks(queues, KEY_PREFIX)
-        .values_list("id", "queue", "key", "status", "attempt_count")
+        .values_list("id", "queue", "key", "status", "attempt_count"),
+        alias,
     )
     rows = []
     for pk, queue, key, status, attempts in found:

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from django_delayq.models import Message
-from django_delayq.store.columns import batches, db_alias
+from django_delayq.store.columns import batches, db_alias, rows_with_literals
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
 
@@ -40,7 +40,14 @@ def prune(
     expired = Message.objects.using(alias).in_queues(queues).expired(cutoff)
     total = rounds = 0
     while max_batches is None or rounds < max_batches:
-        ids = list(expired.order_by().values_list("id", flat=True)[:batch_size])
+        # On SQLite with its constants written in: bound, they kept the read
+        # from delayq_finished_idx, and every round read the whole table.
+        ids = [
+            pk
+            for (pk,) in rows_with_literals(
+                expired.order_by().values_list("id")[:batch_size], alias
+            )
+        ]
         if not ids:
             break
         with transaction.atomic(using=alias):

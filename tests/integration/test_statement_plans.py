@@ -1,0 +1,94 @@
+"""Every statement a worker sends reads the message table through an index (SQLite).
+
+SQLite is the embedded default, and it holds one write lock for the whole
+database: a statement that reads every row of the table holds every other
+writer back for as long as it takes. Its planner uses a partial index only
+for conditions whose values are written into the statement, so a query that
+looks indexed in the ORM can still read the whole queue. This runs a worker
+over a mixed backlog (ordered groups, plain messages, retries, finished
+rows), captures every statement it sends, as sent, and asks SQLite for each
+one's plan: none may read the message table row by row, or probe a group by
+reading its whole queue, but the few named below, with their reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.db.backends.signals import connection_created
+
+from django_delayq import enqueue_many
+from django_delayq.models import Message
+from django_delayq.retention import prune
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Statements allowed to read the table row by row, by a piece of their text.
+WHOLE_TABLE = {
+    # The running rows of named workers (a dead one's, or its own at start-up):
+    # rare, and no index holds locked_by.
+    '"locked_by" IN': "rare: at start-up and when a worker is found dead",
+}
+
+
+def _scans(plan: list[str]) -> list[str]:
+    return [
+        step
+        for step in plan
+        if (step.startswith("SCAN django_delayq_message") and "INDEX" not in step)
+        # The unique (queue, key) index searched by queue alone: a read of the
+        # queue's every row.
+        or "sqlite_autoindex_django_delayq_message_1 (queue=?)" in step
+    ]
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's planner")
+def test_no_statement_of_a_worker_reads_the_message_table_row_by_row(run_worker):
+    names = [f"g{n}" for n in range(150)]
+    enqueue_many("default", [{} for _ in names * 2], groups=names * 2)
+    enqueue_many("default", [{} for _ in range(150)])
+    enqueue_many("other", [{} for _ in range(20)])
+    Message.objects.filter(queue="other").update(status="succeeded")  # finished rows
+
+    sent: dict[str, Any] = {}
+    capturing = True
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if capturing and not many:
+            sent.setdefault(sql, params)
+        return execute(sql, params, many, context)
+
+    def watch(sender: Any, connection: Any, **kwargs: Any) -> None:
+        connection.execute_wrappers.append(capture)
+
+    for conn in connections.all(initialized_only=True):
+        conn.close()  # every connection the worker uses is a new one, and watched
+    connection_created.connect(watch)
+    try:
+        run_worker(["default", "other"], concurrency=4)
+        # What a serving worker also runs, every PRUNE_INTERVAL.
+        prune()
+    finally:
+        connection_created.disconnect(watch)
+        capturing = False
+    assert Message.objects.filter(queue="default", status="succeeded").count() == 450
+
+    reads = [
+        (sql, params)
+        for sql, params in sent.items()
+        if "django_delayq_message" in sql
+        and sql.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH"))
+    ]
+    assert len(reads) > 5
+    offenders = []
+    with connection.cursor() as cursor:
+        for sql, params in reads:
+            if any(allowed in sql for allowed in WHOLE_TABLE):
+                continue
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+            scans = _scans([row[3] for row in cursor.fetchall()])
+            if scans:
+                offenders.append(f"{sql[:300]}\n    {scans}")
+    assert not offenders, "\n".join(offenders)
