@@ -176,7 +176,15 @@ def hold_back(messages: Mapping[Any, Any], *, using: str) -> set[Any]:
     rows = Message._base_manager.using(using)
     for ids in batches(list(messages)):
         pending = rows.filter(pk__in=ids, status=Status.PENDING)
-        found = list(pending.filter(Exists(earlier)).values_list("pk", flat=True))
+        # With its constants written in on SQLite: bound, they kept each probe
+        # from delayq_group_idx, and enqueueing into a queue of groups read the
+        # whole queue per message.
+        found = [
+            pk
+            for (pk,) in rows_with_literals(
+                pending.filter(Exists(earlier)).values_list("pk"), using
+            )
+        ]
         if found:
             rows.filter(pk__in=found).update(next_attempt_time=None)
             held.update(found)

@@ -46,14 +46,8 @@ def _scans(plan: list[str]) -> list[str]:
 
 @pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's planner")
 def test_no_statement_of_a_worker_reads_the_message_table_row_by_row(run_worker):
-    names = [f"g{n}" for n in range(150)]
-    enqueue_many("default", [{} for _ in names * 2], groups=names * 2)
-    enqueue_many("default", [{} for _ in range(150)])
-    enqueue_many("other", [{} for _ in range(20)])
-    Message.objects.filter(queue="other").update(status="succeeded")  # finished rows
-
     sent: dict[str, Any] = {}
-    capturing = True
+    capturing = False
 
     def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if capturing and not many:
@@ -64,9 +58,19 @@ def test_no_statement_of_a_worker_reads_the_message_table_row_by_row(run_worker)
         connection.execute_wrappers.append(capture)
 
     for conn in connections.all(initialized_only=True):
-        conn.close()  # every connection the worker uses is a new one, and watched
+        conn.close()  # every connection used from here on is a new one, and watched
     connection_created.connect(watch)
     try:
+        # A queue of groups: their probes at enqueue, at the claim, and after each end.
+        names = [f"g{n}" for n in range(150)]
+        capturing = True
+        enqueue_many("default", [{} for _ in names], groups=names)
+        enqueue_many("default", [{} for _ in names], groups=names)
+        enqueue_many("default", [{} for _ in range(150)])
+        capturing = False
+        enqueue_many("other", [{} for _ in range(20)])
+        Message.objects.filter(queue="other").update(status="succeeded")  # finished rows
+        capturing = True
         run_worker(["default", "other"], concurrency=4)
         # What a serving worker also runs, every PRUNE_INTERVAL.
         prune()
