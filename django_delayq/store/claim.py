@@ -149,6 +149,23 @@ def claim(
     return Claim(token, messages)
 
 
+def _in_claim_order(sql: str, model: type[Model], connection: Any) -> str:
+    """On SQLite, the pick of the message table read off ``delayq_claim_idx``.
+
+    SQLite's planner prefers ``delayq_due_idx`` for the due time's range, then
+    reads every due row of the queue, tests each against its group and sorts
+    them all for the first few: 390 ms a claim with 100,000 messages due,
+    holding the database's write lock. Read in claim order, the pick stops at
+    its ``LIMIT`` (under a millisecond). Its constants must be written into
+    the statement (:func:`columns.inlined`): the index is partial.
+    """
+    if connection.vendor != "sqlite" or model is not Message:
+        return sql
+    table = connection.ops.quote_name(model._meta.db_table)
+    index = connection.ops.quote_name("delayq_claim_idx")
+    return sql.replace(f"FROM {table} WHERE", f"FROM {table} INDEXED BY {index} WHERE")
+
+
 def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
     """The locking pick of the first ``limit`` due rows (their keys), compiled.
 
@@ -288,6 +305,7 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
         if cache:
             set_sql, set_params = inlined(connection, set_sql, set_params)
             picked_sql, picked_params = inlined(connection, picked_sql, picked_params)
+            picked_sql = _in_claim_order(picked_sql, model, connection)
         sql = statement("claim", features(connection)).format(
             set=set_sql,
             picked=picked_sql,

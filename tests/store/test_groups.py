@@ -446,16 +446,23 @@ def test_on_sqlite_the_claim_probes_each_group_through_its_index() -> None:
     _, plan = _claim_work("q", 20)
     assert plan.count("delayq_group_idx") == 2, plan
     assert "sqlite_autoindex_django_delayq_message" not in plan, plan
+    # Read in claim order: the pick stops at its limit rather than test and
+    # sort every due message of the queue.
+    assert "delayq_claim_idx" in plan and "TEMP B-TREE" not in plan, plan
 
 
 @pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's planner")
-def test_on_sqlite_a_claims_work_grows_linearly_with_the_grouped_backlog() -> None:
-    # Counted in the database engine's own steps, not in seconds: four times the
-    # backlog may cost about four times the work (every due row is read and sorted),
-    # never the sixteen times of a probe that reads the whole queue.
+def test_on_sqlite_a_claims_work_hardly_grows_with_the_grouped_backlog() -> None:
+    # Counted in the database engine's own steps, not in seconds. It was
+    # sixteen times the work for four times the backlog (a probe read the
+    # whole queue), then about four times (every due message was tested
+    # against its group, and all of them sorted). Read in claim order, a
+    # claim of 8 tests 8; what still grows is the index entries of the held
+    # second messages (no due time: SQLite sorts them first), skipped without
+    # a probe or a sort: about twice, here.
     small, _ = _claim_work("small", 250)
     large, _ = _claim_work("large", 1000)
-    assert large < 6 * small, (small, large)
+    assert large < 3 * small, (small, large)
 
 
 def _release_work(queue: str, backlog: int) -> int:
