@@ -123,6 +123,19 @@ def rows_with_literals(queryset: QuerySet[Any], alias: str) -> list[tuple[Any, .
         return [tuple(row) for row in cursor.fetchall()]
 
 
+def count_with_literals(queryset: QuerySet[Any], alias: str) -> int:
+    """``queryset.count()``, its parameters written into the statement on SQLite
+    (see :func:`rows_with_literals`)."""
+    connection = connections[alias]
+    if connection.vendor != "sqlite":
+        return queryset.count()
+    sql, params = queryset.order_by().values("pk").query.get_compiler(alias).as_sql()
+    sql, params = inlined(connection, f"SELECT COUNT(*) FROM ({sql}) delayq_counted", params)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.fetchone()[0])
+
+
 def _sqlite_literal(value: Any) -> str | None:
     """``value`` as an SQLite literal, for the types a claim's constants have (None:
     not one of them, keep it bound)."""

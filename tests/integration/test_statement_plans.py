@@ -67,11 +67,12 @@ def test_no_statement_of_a_worker_reads_the_message_table_row_by_row(run_worker)
         enqueue_many("default", [{} for _ in names], groups=names)
         enqueue_many("default", [{} for _ in names], groups=names)
         enqueue_many("default", [{} for _ in range(150)])
+        enqueue_many("limited", [{} for _ in range(30)])  # a global cap's claims
         capturing = False
         enqueue_many("other", [{} for _ in range(20)])
         Message.objects.filter(queue="other").update(status="succeeded")  # finished rows
         capturing = True
-        run_worker(["default", "other"], concurrency=4)
+        run_worker(["default", "other", "limited"], concurrency=4)
         # What a serving worker also runs, every PRUNE_INTERVAL.
         prune()
     finally:

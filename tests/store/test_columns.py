@@ -54,7 +54,7 @@ HOSTILE_GROUPS = [
 ]
 
 
-def test_rows_with_literals_reads_what_the_queryset_reads_whatever_the_values() -> None:
+def test_rows_and_counts_with_literals_read_what_the_queryset_reads_whatever_the_values() -> None:
     # The values are written into the statement on SQLite (so its partial
     # indexes apply): quotes, percent signs and placeholders in a group's name
     # must read as themselves.
@@ -65,4 +65,5 @@ def test_rows_with_literals_reads_what_the_queryset_reads_whatever_the_values() 
         rows = Message.objects.filter(queue="literal", group=name, status__in=["pending"])
         query = rows.order_by("pk").values_list("group", "queue")
         assert columns.rows_with_literals(query, "default") == list(query) == [(name, "literal")]
+        assert columns.count_with_literals(rows, "default") == rows.count() == 1
     assert Message.objects.filter(queue="literal").count() == len(HOSTILE_GROUPS)
