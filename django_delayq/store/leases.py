@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Case, Expression, F, Model, Q, Value, When
 
 from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.status import Status
-from django_delayq.store.columns import db_alias, has_column, model_field
+from django_delayq.store.columns import db_alias, has_column, model_field, rows_with_literals
 from django_delayq.store.groups import wake
 from django_delayq.store.settle import ending, update_held
 
@@ -190,7 +190,7 @@ def release_workers(names: Collection[str], *, using: str | None = None) -> dict
     for name in names:
         rows = Message.objects.using(alias).held_by([name])
         with transaction.atomic(using=alias):
-            free = list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
+            free = _unlocked(rows, alias)
             count = _hand_back(rows.filter(pk__in=free), alias) if free else 0
         if count:
             released[name] = count
@@ -227,7 +227,7 @@ def release_unheld(
     lapsed = (
         Message.objects.using(alias).held_by([name]).filter(next_attempt_time__lt=clock.sql_now())
     )
-    candidates = set(lapsed.values_list("pk", flat=True)[:limit])
+    candidates = {pk for (pk,) in rows_with_literals(lapsed.values_list("pk")[:limit], alias)}
     if not candidates:
         return 0
     holding = held()
@@ -239,9 +239,17 @@ def release_unheld(
     # A row another transaction locks is skipped, never waited for: the keeper
     # calling this extends every other lease, and must not stall behind it.
     with transaction.atomic(using=alias):
-        free = lapsed.filter(pk__in=unheld).select_for_update(skip_locked=True)
-        ids = list(free.values_list("pk", flat=True))
+        ids = _unlocked(lapsed.filter(pk__in=unheld), alias)
         return _hand_back(lapsed.filter(pk__in=ids), alias) if ids else 0
+
+
+def _unlocked(rows: Any, alias: str) -> list[Any]:
+    """The ids of ``rows`` no other transaction locks, locked now (in the caller's
+    transaction). SQLite has no row locks: there they are read with the
+    statement's constants written in, so that its partial indexes apply."""
+    if connections[alias].vendor == "sqlite":
+        return [pk for (pk,) in rows_with_literals(rows.values_list("pk"), alias)]
+    return list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
 
 
 def _hand_back(rows: Any, alias: str) -> int:

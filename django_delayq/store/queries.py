@@ -179,8 +179,17 @@ class QueueQuerySet(models.QuerySet[_Row]):
         return self.filter(retrying_condition())
 
     def held_by(self, workers: Collection[str]) -> Self:
-        """Running rows claimed by these workers (``locked_by``)."""
-        return self.filter(status=Status.RUNNING, locked_by__in=list(workers))
+        """Running rows claimed by these workers (``locked_by``).
+
+        The claim indexes' status condition is said too: no index holds
+        ``locked_by``, and without it the live workers' look for a dead one's
+        messages, every heartbeat until the dead one is forgotten a day later,
+        read the whole table, finished messages included. With it, they read
+        the partial indexes of the messages still to run.
+        """
+        return self.filter(status__in=ACTIVE).filter(
+            status=Status.RUNNING, locked_by__in=list(workers)
+        )
 
     def categorised(self, now: Now | None = None) -> dict[str, int]:
         """How many rows fall in each of :func:`categories`, in one statement."""
