@@ -392,19 +392,6 @@ class Book:
             self.cond.notify_all()
             return True
 
-    def abandon(self, item: InFlight, result: str) -> bool:
-        """Forget an attempt whose outcome will not be written by this worker (its
-        executor died, or it cannot be recorded): its lease is no longer extended,
-        and the message comes back when it expires. False if no longer held."""
-        with self.cond:
-            if item not in self._held:
-                return False
-            self._free_slot(item)
-            self._forget(item)
-            self.stats[result] += 1
-            self.cond.notify_all()
-            return True
-
     def _free_slot(self, item: InFlight) -> None:
         if item.lane_slot:
             item.lane_slot = False
