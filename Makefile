@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test test-quick coverage demo dist docs suite django6 screenshots bench bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
+.PHONY: venv test test-quick coverage demo dist docs suite django6 screenshots bench bench-pressure bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
 
 venv:
 	scripts/dev.sh venv
@@ -81,6 +81,18 @@ SOAK_CLUSTER = DATABASE_URL= DELAYQ_PG_PROBE_PORT=1 DELAYQ_PG_DEFAULTS=1 \
 soak:
 	BENCH_POSTGRES="$${BENCH_POSTGRES:-$$($(SOAK_CLUSTER) scripts/ensure-postgres.sh | sed 's#/[^/]*$$##')}" \
 		.venv/bin/python -m benchmarks.soak $(ARGS)
+
+# The queues under database pressure, beside procrastinate and PGQueuer
+# (benchmarks/pressure.py): a steady 100 messages/s through clean -> pressure
+# -> recovery, for a transaction holding the vacuum horizon, four REPEATABLE
+# READ readers, and 1.5x overload; on a cluster of its own with default
+# settings (.pgdata-pressure, port 54331; stop it with
+# `PGDATA_DIR=.pgdata-pressure scripts/ensure-postgres.sh stop`). About 2.5 h
+# at full phases (2, 10, 3 min); ARGS="--phases 30,60,30" for a quick look.
+bench-pressure:
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/python -m pip install -q -e '.[bench,test]'
+	.venv/bin/python -m benchmarks.pressure $(ARGS)
 
 bench-admin: ; .venv/bin/python -m benchmarks.admin_1m $(ARGS)  # 1M rows on PostgreSQL: admin page times
 

@@ -601,7 +601,7 @@ def main(factory: Callable[[str], System]) -> None:
         "metric",
         choices=[
             "enqueue_one", "enqueue_batch", "process", "latency", "delayed", "memory",
-            "cpu", "idle", "startup_burst", "startup_first",
+            "cpu", "idle", "startup_burst", "startup_first", "pressure",
         ],
     )  # fmt: skip
     parser.add_argument("--n", type=int, default=10_000, help="messages, samples or runs")
@@ -614,6 +614,13 @@ def main(factory: Callable[[str], System]) -> None:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--queue", default="noop")
     parser.add_argument("--backlog", type=int, default=0)
+    parser.add_argument(
+        "--scenario", default="xmin", help="pressure: xmin, readers or overload (pressure.py)"
+    )
+    parser.add_argument(
+        "--phases", default="60,120,60", help="pressure: clean,pressure,recovery seconds"
+    )
+    parser.add_argument("--overload", type=float, default=1.5, help="pressure: the overload")
     parser.add_argument("--db", required=True, help="database name suffix")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
@@ -656,6 +663,19 @@ def main(factory: Callable[[str], System]) -> None:
             result = measure_startup_burst(system, args.n)
         elif args.metric == "startup_first":
             result = measure_startup_first(system, args.n)
+        elif args.metric == "pressure":
+            from benchmarks.systems.pressure import measure_pressure
+
+            clean, held, recovery = (float(s) for s in args.phases.split(","))
+            result = measure_pressure(
+                system,
+                args.scenario,
+                args.rate,
+                (clean, held, recovery),
+                overload=args.overload,
+                concurrency=args.concurrency,
+                queue=args.queue,
+            )
         else:
             result = measure_memory(system, args.n)
     finally:

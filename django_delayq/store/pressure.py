@@ -55,6 +55,8 @@ HISTORY_LENGTH = 100_000
 #: ``FREE_BYTES``.
 FREE_SHARE = 0.5
 FREE_BYTES = 64 * 1024 * 1024
+#: Long transactions named, oldest first.
+SHOWN = 10
 #: A SQLite write-ahead log this large is not being checkpointed.
 WAL_BYTES = 256 * 1024 * 1024
 
@@ -120,6 +122,10 @@ def _age(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _more(count: int) -> str:
+    return f" and {count - SHOWN} more" if count > SHOWN else ""
+
+
 def _rows(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -174,17 +180,21 @@ def _pg_horizon(connection: BaseDatabaseWrapper, limits: Limits) -> list[Check]:
     )
     checks = []
     if sessions:
-        pid, state, user, application, age = sessions[0]
-        who = ", ".join(filter(None, [user, application])) or "another user"
+        pid = sessions[0][0]
+        listed = "; ".join(
+            f"pid {pid_} ({', '.join(filter(None, [user, application])) or 'another user'}, "
+            f"{state or 'state hidden'}, {_age(age)})"
+            for pid_, state, user, application, age in sessions[:SHOWN]
+        )
         checks.append(
             Check(
                 "long transactions",
-                f"{len(sessions)} open over {_age(seconds)}; oldest {_age(age)}: "
-                f"pid {pid} ({who}, {state or 'state hidden'})",
+                f"{len(sessions)} open over {_age(seconds)}, oldest first: {listed}"
+                + _more(len(sessions)),
                 problem=True,
                 advice="they keep vacuum from removing the queue's dead rows, and every "
-                f"claim steps over more of them: end it (SELECT pg_terminate_backend({pid})), "
-                "and set idle_in_transaction_session_timeout for the role that left it",
+                f"claim steps over more of them: end them (SELECT pg_terminate_backend({pid})), "
+                "and set idle_in_transaction_session_timeout for the role that left them",
             )
         )
     else:
@@ -294,16 +304,19 @@ def _mysql(connection: BaseDatabaseWrapper, limits: Limits) -> list[Check]:
             cursor.execute("SET time_zone = @delayq_zone")
     checks = []
     if long:
-        thread, age, state = long[0]
+        thread = long[0][0]
+        listed = "; ".join(
+            f"thread {thread_} ({state.lower()}, {_age(age)})"
+            for thread_, age, state in long[:SHOWN]
+        )
         checks.append(
             Check(
                 "long transactions",
-                f"{len(long)} open over {_age(seconds)}; oldest {_age(age)}: "
-                f"thread {thread} ({state.lower()})",
+                f"{len(long)} open over {_age(seconds)}, oldest first: {listed}" + _more(len(long)),
                 problem=True,
-                advice="they hold back InnoDB's purge, and the queue's indexes fill with "
-                f"deleted entries: end it (KILL {thread}), and set wait_timeout for the "
-                "client that left it",
+                advice="they hold back InnoDB's purge (for every database of the server), "
+                "and the queue's indexes fill with deleted entries: end them "
+                f"(KILL {thread}), and set wait_timeout for the client that left them",
             )
         )
     else:
