@@ -294,7 +294,10 @@ def test_a_live_workers_lapsed_lease_is_not_taken(run_worker, settings, monkeypa
     settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.5}
     monkeypatch.setattr(Keeper, "extend_leases", lambda self: None)
     message = enqueue("default", {"sleep": 1.5}).message
-    stats = run_worker(["default"], concurrency=2)
+    # A name of its own: an in-process worker is named after the process, and a
+    # worker of an earlier test still stopping would look for rows "it" left
+    # running under that name, and find this one's (its lease lapsed on purpose).
+    stats = run_worker(["default"], concurrency=2, name="lapsed-lease")
     assert (stats[Result.LEASE_LOST], stats[Result.SUCCEEDED]) == (0, 1)
     message.refresh_from_db()
     assert (message.status, message.attempt_count) == ("succeeded", 1)
