@@ -113,27 +113,29 @@ def inlined(connection: Any, sql: str, params: Any) -> tuple[str, tuple[Any, ...
 def rows_with_literals(queryset: QuerySet[Any], alias: str) -> list[tuple[Any, ...]]:
     """``queryset``'s rows (a ``values_list``), its parameters written into the statement
     on SQLite, so that its partial indexes apply (see :func:`inlined`)."""
-    connection = connections[alias]
-    if connection.vendor != "sqlite":
+    if connections[alias].vendor != "sqlite":
         return list(queryset)
     sql, params = queryset.query.get_compiler(alias).as_sql()
-    sql, params = inlined(connection, sql, params)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [tuple(row) for row in cursor.fetchall()]
+    return _fetch_inlined(alias, sql, params)
 
 
 def count_with_literals(queryset: QuerySet[Any], alias: str) -> int:
     """``queryset.count()``, its parameters written into the statement on SQLite
     (see :func:`rows_with_literals`)."""
-    connection = connections[alias]
-    if connection.vendor != "sqlite":
+    if connections[alias].vendor != "sqlite":
         return queryset.count()
     sql, params = queryset.order_by().values("pk").query.get_compiler(alias).as_sql()
-    sql, params = inlined(connection, f"SELECT COUNT(*) FROM ({sql}) delayq_counted", params)
+    [(count,)] = _fetch_inlined(alias, f"SELECT COUNT(*) FROM ({sql}) delayq_counted", params)
+    return int(count)
+
+
+def _fetch_inlined(alias: str, sql: str, params: Any) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` run with its parameters written in (:func:`inlined`)."""
+    connection = connections[alias]
+    sql, params = inlined(connection, sql, params)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return int(cursor.fetchone()[0])
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 def _sqlite_literal(value: Any) -> str | None:

@@ -262,6 +262,16 @@ def test_an_outcome_whose_commit_reply_was_lost_is_still_its_outcome(
 # -- a time limit while a group's attempt runs again ----------------------------------
 
 
+def rerun_past_its_limit(arrived: threading.Event, message: Message) -> None:
+    """Wait until ``message`` runs again at its gate (a group's re-run) and its time
+    limit has passed there."""
+    assert arrived.wait(30)
+    wait_for(
+        lambda: "TimeLimitExceeded" in Message.objects.get(pk=message.pk).last_error,
+        message="its time limit to pass",
+    )
+
+
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="groups of atomic handlers")
 def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
     # The group rolls back (its second message was claimed away), its first
@@ -277,11 +287,7 @@ def test_a_time_limit_in_a_groups_rerun_frees_its_slot_once(settings):
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        assert arrived.wait(30)  # the first message runs again, alone
-        wait_for(
-            lambda: "TimeLimitExceeded" in Message.objects.get(pk=first.pk).last_error,
-            message="its time limit to pass",
-        )
+        rerun_past_its_limit(arrived, first)  # the first message runs again, alone
         [lane] = worker.book.lanes
         wait_for(lambda: executors() == 2, message="a new executor beside the late one")
         assert lane.running == 0
@@ -326,11 +332,7 @@ def test_the_members_a_groups_late_rerun_hands_back_say_so_and_run_once_more(set
     caplog.set_level(logging.WARNING, logger="django_delayq")
     thread.start()
     try:
-        assert arrived.wait(30)  # the gated message runs again, alone
-        wait_for(
-            lambda: "TimeLimitExceeded" in Message.objects.get(pk=gated.pk).last_error,
-            message="its time limit to pass",
-        )
+        rerun_past_its_limit(arrived, gated)  # the gated message runs again, alone
         release.set()
         wait_for(
             lambda: Message.objects.get(pk=plain.pk).status == "succeeded",
