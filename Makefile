@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; the logic lives
 # in scripts/dev.sh so that a machine without make can run it directly.
 
-.PHONY: venv test test-quick coverage demo dist docs suite django6 screenshots bench bench-pressure bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
+.PHONY: venv test test-quick coverage demo dist docs suite django6 screenshots bench bench-pressure bench-history bench-admin bench-startup bench-pipeline bench-flow chaos adversaries soak
 
 venv:
 	scripts/dev.sh venv
@@ -95,6 +95,15 @@ bench-pressure:
 	.venv/bin/python -m benchmarks.pressure $(ARGS)
 
 bench-admin: ; .venv/bin/python -m benchmarks.admin_1m $(ARGS)  # 1M rows on PostgreSQL: admin page times
+
+# What ten million finished messages kept for retention cost (benchmarks/history.py):
+# enqueue, claim, start-up, delayq_status and the admin beside an empty
+# installation, then retention removing them all under a probe, on the
+# pressure benchmark's own cluster. About 20 minutes; ARGS="--rows 1000000".
+bench-history:
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/python -m pip install -q -e '.[bench,test]'
+	.venv/bin/python -m benchmarks.history $(ARGS)
 
 # What flow control costs (benchmarks/flow.py): draining with and without a
 # rate limit, a concurrency cap or ordered groups; one claim's time beside a

@@ -27,6 +27,7 @@ from django_delayq.conf import get_config, to_timedelta
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
 from django_delayq.status import Status
+from django_delayq.store import direct
 from django_delayq.store.columns import db_alias, fit, has_column, inlined, model_field, quote_names
 from django_delayq.store.features import features
 from django_delayq.store.groups import group_clear
@@ -317,6 +318,5 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
             _claim_statements[key] = compiled
     sql, set_params, picked_params = compiled
     token_param = model_field(model, "lock_token").get_db_prep_value(token, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*set_params, token_param, *picked_params])
-        return rows_from(model, connection, cursor.fetchall())
+    rows = direct.fetch(connection, sql, [*set_params, token_param, *picked_params])
+    return rows_from(model, connection, rows)

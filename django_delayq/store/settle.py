@@ -24,6 +24,7 @@ from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
 from django_delayq.status import Status
+from django_delayq.store import direct
 from django_delayq.store.columns import db_alias, fit, has_column, inlined, model_field, quote_names
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
@@ -306,10 +307,9 @@ def _ack_pairs(
     prepared = {t: model_field(model, "lock_token").get_db_prep_value(t, connection) for t in held}
     ids = [pk for pks in held.values() for pk in pks]
     tokens = [prepared[t] for t, pks in held.items() for _ in pks]
-    with connection.cursor() as cursor:
-        cursor.execute(f"{sql} {where}", [*set_params, ids, tokens])
-        token_of = {value: t for t, value in prepared.items()}
-        return {(pk, token_of.get(value, value)) for pk, value in cursor.fetchall()}
+    rows = direct.fetch(connection, f"{sql} {where}", [*set_params, ids, tokens])
+    token_of = {value: t for t, value in prepared.items()}
+    return {(pk, token_of.get(value, value)) for pk, value in rows}
 
 
 def fail(
