@@ -1,8 +1,12 @@
 """Per-queue figures for ``delayq_status`` and the admin dashboard.
 
-``queue_stats`` (the command) is one grouped aggregate over the whole table,
-so its figures are consistent with each other; ``dashboard`` (the admin
-page) is a handful of indexed queries that never count the whole table.
+Both read only what an index bounds, never the whole table: the live
+messages (the partial indexes of pending and running rows), the failed ones
+still kept (``delayq_failed_idx``), and what finished in a recent window
+(``delayq_finished_idx``). ``queue_stats`` (the command) once counted every
+status over the whole table, every succeeded message retention keeps
+included: 0.9 s on an empty installation and 4.2 s beside ten million
+finished messages (``benchmarks/history.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ S = Message.Status
 
 @dataclass(frozen=True)
 class QueueStats:
+    """One queue's row of ``delayq_status``."""
+
     queue: str
     due: int
     scheduled: int
+    #: Running under a live lease (one whose lease ran out counts as due).
     running: int
     retrying: int
+    #: Failed messages still kept.
     failed: int
+    #: Succeeded, and cancelled, in the last hour (``WINDOW_LONG``).
     succeeded: int
     cancelled: int
     oldest_due: datetime | None
@@ -40,11 +49,31 @@ class QueueStats:
 
 
 def queue_stats(queues: list[str] | None = None, using: str | None = None) -> list[QueueStats]:
+    """Every queue with a live message, a failed one kept, or one finished in the last
+    hour, by name."""
     now = clock.now()
-    rows = (
-        Message.objects.using(queue_alias(using, read=True)).in_queues(queues).totals_by_queue(now)
-    )
-    return [QueueStats(now=now, **row) for row in rows]
+    rows = Message.objects.using(queue_alias(using, read=True)).in_queues(queues)
+    active = rows.depth_by_queue(now)
+    failed = rows.failed_by_queue()
+    finished = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
+    stats = []
+    for name in sorted(set(active) | set(failed) | set(finished)):
+        live, done = active.get(name, {}), finished.get(name, {})
+        stats.append(
+            QueueStats(
+                queue=name,
+                due=live.get("due", 0),
+                scheduled=live.get("scheduled", 0),
+                running=live.get("leased", 0),
+                retrying=live.get("retrying", 0),
+                failed=failed.get(name, 0),
+                succeeded=done.get("succeeded_long", 0),
+                cancelled=done.get("cancelled_long", 0),
+                oldest_due=live.get("oldest_due"),
+                now=now,
+            )
+        )
+    return stats
 
 
 # -- the admin dashboard --------------------------------------------------------

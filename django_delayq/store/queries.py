@@ -298,25 +298,6 @@ class MessageQuerySet(QueueQuerySet[Any]):
         )
         return {(minute(row["minute"]), row["status"]): row["n"] for row in rows}
 
-    def totals_by_queue(self, now: datetime) -> list[dict[str, Any]]:
-        """Every status count per queue, in one grouped aggregate over the whole table."""
-        due = active_condition() & Q(next_attempt_time__lte=now)
-        future = Q(next_attempt_time__gt=now)
-        return list(
-            self.values("queue")
-            .order_by("queue")
-            .annotate(
-                due=Count("id", filter=due),
-                scheduled=Count("id", filter=Q(status=Status.PENDING, attempt_count=0) & future),
-                retrying=Count("id", filter=Q(status=Status.PENDING, attempt_count__gt=0) & future),
-                running=Count("id", filter=Q(status=Status.RUNNING) & future),
-                failed=Count("id", filter=Q(status=Status.FAILED)),
-                succeeded=Count("id", filter=Q(status=Status.SUCCEEDED)),
-                cancelled=Count("id", filter=Q(status=Status.CANCELLED)),
-                oldest_due=Min("next_attempt_time", filter=due),
-            )
-        )
-
     def failure_groups(self) -> list[dict[str, Any]]:
         """Failing rows grouped by (fingerprint, queue), from the covering
         ``delayq_fingerprint_idx`` alone."""

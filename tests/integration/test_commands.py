@@ -35,7 +35,7 @@ def test_status_prints_counts_and_lag(fake_clock):
         "running",
         "retrying",
         "failed",
-        "succeeded",
+        "succeeded/1h",
         "lag",
         "state",
     ]

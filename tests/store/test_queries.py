@@ -420,32 +420,31 @@ def test_finished_per_minute_counts_successes_and_failures_per_utc_minute(
     )
 
 
-def test_totals_by_queue_counts_every_status_per_queue_in_queue_order(now: datetime) -> None:
+def test_queue_stats_count_the_live_the_failed_kept_and_the_last_hours_finished(
+    now: datetime,
+) -> None:
+    from django_delayq.stats import queue_stats
+
     message_rows()
-    assert Message.objects.totals_by_queue(NOW) == [
-        {
-            "queue": "a",
-            "due": 2,
-            "scheduled": 1,
-            "retrying": 2,
-            "running": 1,
-            "failed": 1,
-            "succeeded": 2,
-            "cancelled": 1,
-            "oldest_due": t(-10),
-        },
-        {
-            "queue": "b",
-            "due": 2,
-            "scheduled": 0,
-            "retrying": 0,
-            "running": 0,
-            "failed": 1,
-            "succeeded": 0,
-            "cancelled": 0,
-            "oldest_due": t(-1),
-        },
-    ]
+    figures = ("due", "scheduled", "retrying", "running", "failed", "succeeded", "cancelled")
+
+    def table() -> dict[str, tuple[Any, ...]]:
+        return {s.queue: (*(getattr(s, f) for f in figures), s.oldest_due) for s in queue_stats()}
+
+    assert table() == {"a": (2, 1, 2, 1, 1, 2, 1, t(-10)), "b": (2, 0, 0, 0, 1, 0, 0, t(-1))}
+    # Past the hour, a success or a cancellation is history (read by no count);
+    # a failure kept still counts, as a queue's failures wait for an operator.
+    for queue, key, status in [
+        ("a", "old-ok", "succeeded"),
+        ("a", "old-no", "cancelled"),
+        ("c", "old-ok", "succeeded"),
+        ("a", "old-bad", "failed"),
+    ]:
+        Message.objects.create(
+            queue=queue, key=key, status=status, scheduled_time=t(-3700), finished_at=t(-3601)
+        )
+    assert table() == {"a": (2, 1, 2, 1, 2, 2, 1, t(-10)), "b": (2, 0, 0, 0, 1, 0, 0, t(-1))}
+    assert [s.queue for s in queue_stats(["b"])] == ["b"]
 
 
 def test_failure_groups_group_failing_rows_by_fingerprint_and_queue(now: datetime) -> None:

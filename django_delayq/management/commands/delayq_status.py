@@ -25,7 +25,7 @@ COLUMNS = (
     "running",
     "retrying",
     "failed",
-    "succeeded",
+    "succeeded/1h",
     "lag",
     "state",
 )
