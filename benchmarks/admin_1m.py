@@ -120,6 +120,10 @@ FROM (
         ) AS picked
     ) AS counted
 ) AS timed
+-- A queue's table holds its rows in about the order they were created: the
+-- messages that finished in the last hour sit together at its end, not one
+-- on each page of the table.
+ORDER BY created
 """
 
 
