@@ -256,10 +256,9 @@ def ack_held(
 ) -> set[tuple[Any, uuid.UUID]]:
     """Mark the rows of several claims succeeded at once; returns the (id, token) still ours.
 
-    One statement (PostgreSQL: the (id, token) pairs as two arrays), or one
-    per lock token in one transaction, so the caller learns exactly which
-    acknowledgements took (the others were claimed again after their lease
-    expired). Judged per attempt: a
+    One statement per lock token, in one transaction when there are several,
+    so the caller learns exactly which acknowledgements took (the others
+    were claimed again after their lease expired). Judged per attempt: a
     worker may hold one row under two tokens (it claimed it again after
     losing its lease), and only the attempt whose token the row carries is
     acknowledged. ``skip_locked``: rows another transaction has locked are
@@ -270,10 +269,7 @@ def ack_held(
     if not held:
         return set()
     connection = connections[alias]
-    if features(connection).array_parameters:
-        # Also for one claim's messages: the same compare-and-set, sent
-        # through the driver's cursor (store/direct.py), and the most common
-        # batch at an everyday rate.
+    if len(held) > 1 and features(connection).array_parameters:
         return _ack_pairs(held, alias, model, skip_locked=skip_locked)
     mine: set[tuple[Any, uuid.UUID]] = set()
     with transaction.atomic(using=alias) if len(held) > 1 else nullcontext():
