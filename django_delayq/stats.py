@@ -11,8 +11,10 @@ finished messages (``benchmarks/history.py``).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django_delayq import clock
 from django_delayq.models import Message
@@ -53,27 +55,21 @@ def queue_stats(queues: list[str] | None = None, using: str | None = None) -> li
     hour, by name."""
     now = clock.now()
     rows = Message.objects.using(queue_alias(using, read=True)).in_queues(queues)
-    active = rows.depth_by_queue(now)
-    failed = rows.failed_by_queue()
-    finished = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
-    stats = []
-    for name in sorted(set(active) | set(failed) | set(finished)):
-        live, done = active.get(name, {}), finished.get(name, {})
-        stats.append(
-            QueueStats(
-                queue=name,
-                due=live.get("due", 0),
-                scheduled=live.get("scheduled", 0),
-                running=live.get("leased", 0),
-                retrying=live.get("retrying", 0),
-                failed=failed.get(name, 0),
-                succeeded=done.get("succeeded_long", 0),
-                cancelled=done.get("cancelled_long", 0),
-                oldest_due=live.get("oldest_due"),
-                now=now,
-            )
+    return [
+        QueueStats(
+            queue=f.queue,
+            due=f.due,
+            scheduled=f.scheduled,
+            running=f.leased,
+            retrying=f.retrying,
+            failed=f.failed,
+            succeeded=f.succeeded_long,
+            cancelled=f.cancelled_long,
+            oldest_due=f.oldest_due,
+            now=now,
         )
-    return stats
+        for f in _figures(rows, now)
+    ]
 
 
 # -- the admin dashboard --------------------------------------------------------
@@ -179,13 +175,31 @@ def dashboard(queues: list[str] | None = None, using: str | None = None) -> Dash
     alias = queue_alias(using, read=True)
     now = clock.now()
     rows = Message.objects.using(alias).in_queues(queues)
+    paused = paused_queues(queues, using=alias)
+    shown = paused | (set(registry.queues()) if queues is None else set(queues))
+    figures = _figures(rows, now, shown, paused)
+    return Dashboard(
+        now=now,
+        queues=figures,
+        totals=_totals(figures, now),
+        throughput=throughput(queues, now=now, using=alias),
+        estimated_rows=estimated_count(alias),
+    )
+
+
+def _figures(
+    rows: Any,
+    now: datetime,
+    shown: AbstractSet[str] = frozenset(),
+    paused: AbstractSet[str] = frozenset(),
+) -> list[QueueFigures]:
+    """Each queue's figures, by name, from indexed queries only: every queue with a live
+    message, a failed one kept or one finished in the last hour, and ``shown``."""
     active = rows.depth_by_queue(now)
     failed = rows.failed_by_queue()
     windows = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
-    paused = paused_queues(queues, using=alias)
-    names = set(active) | set(failed) | set(windows) | paused
-    names |= set(registry.queues()) if queues is None else set(queues)
-    figures = [
+    names = set(active) | set(failed) | set(windows) | set(shown)
+    return [
         QueueFigures(
             queue=name,
             now=now,
@@ -196,13 +210,6 @@ def dashboard(queues: list[str] | None = None, using: str | None = None) -> Dash
         )
         for name in sorted(names)
     ]
-    return Dashboard(
-        now=now,
-        queues=figures,
-        totals=_totals(figures, now),
-        throughput=throughput(queues, now=now, using=alias),
-        estimated_rows=estimated_count(alias),
-    )
 
 
 def _totals(figures: list[QueueFigures], now: datetime) -> QueueFigures:
