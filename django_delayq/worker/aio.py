@@ -36,6 +36,13 @@ logger = logging.getLogger("django_delayq.worker")
 
 _local = threading.local()
 
+# The futures of the coroutines handed to one loop, each with its wrapper and
+# the handler's coroutine.
+_Handed = dict[
+    concurrent.futures.Future[Any],
+    tuple[Coroutine[Any, Any, Any], Coroutine[Any, Any, Any]],
+]
+
 
 class EventLoop:
     """One asyncio loop on a daemon thread; coroutines are handed to it from other threads."""
@@ -50,8 +57,7 @@ class EventLoop:
         # The loop that takes coroutines, and the futures of those handed to it
         # (under _state): a loop that dies ends every one it did not finish.
         self._state = threading.Lock()
-        self._live: tuple[asyncio.AbstractEventLoop, set[concurrent.futures.Future[Any]]] | None
-        self._live = None
+        self._live: tuple[asyncio.AbstractEventLoop, _Handed] | None = None
 
     def start(self) -> None:
         self._ready.clear()
@@ -71,7 +77,7 @@ class EventLoop:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
-        futures: set[concurrent.futures.Future[Any]] = set()
+        futures: _Handed = {}
         with self._state:
             self.loop, self._live = loop, (loop, futures)
         asyncio.set_event_loop(loop)
@@ -92,16 +98,18 @@ class EventLoop:
                     self._live = None
                     self._ready.clear()
             try:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                _end_tasks(loop)
                 loop.run_until_complete(_close_connections())
+                _end_tasks(loop)
             finally:
                 loop.close()
-                for future in list(futures):
+                for future, coroutines in list(futures.items()):
                     future.cancel()  # its coroutine never ended: the attempt fails
+                    # One handed over just as the loop stopped may never have
+                    # been scheduled: close it, or it warns that it was never
+                    # awaited (its attempt fails through the cancelled future).
+                    for coroutine in coroutines:
+                        coroutine.close()
         if died is not None and self.supervisor is not None:
             self.supervisor.died("event loop", died, self.ensure_started)
 
@@ -113,9 +121,10 @@ class EventLoop:
                 coroutine.close()
                 raise RuntimeError("the worker's event loop is not running")
             loop, futures = self._live
-            future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), loop)
-            futures.add(future)
-        future.add_done_callback(futures.discard)
+            wrapped = _awaited(coroutine)
+            future = asyncio.run_coroutine_threadsafe(wrapped, loop)
+            futures[future] = (wrapped, coroutine)
+        future.add_done_callback(lambda done: futures.pop(done, None))
         return future
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -127,6 +136,20 @@ class EventLoop:
             except RuntimeError:  # it closed meanwhile (it died)
                 pass
             self.thread.join(timeout)
+
+
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel every task of the stopped ``loop`` and let each end, including those of
+    coroutines handed over while it stopped (their tasks start only at the loop's
+    next turns): a task left pending when the loop closes is never ended."""
+    for _ in range(100):
+        loop.run_until_complete(asyncio.sleep(0))  # start what was handed over meanwhile
+        pending = asyncio.all_tasks(loop)
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 async def _awaited(coroutine: Coroutine[Any, Any, Any]) -> Any:

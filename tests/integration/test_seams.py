@@ -505,6 +505,71 @@ def test_a_coroutine_handed_to_a_dying_event_loop_is_never_left_waiting(monkeypa
     loop.stop()
 
 
+def test_a_coroutine_handed_over_as_the_event_loop_dies_is_ended_not_left_unawaited(caplog):
+    """The narrower window of the same seam: a coroutine handed over after the
+    dying loop left ``run_forever`` but before it stopped taking coroutines was
+    scheduled on a loop that never ran it again: closed with its task pending,
+    it warned that it was never awaited (the adversary run's "coroutines never
+    awaited" count). It must run to its end or be cancelled, never be dropped."""
+    import asyncio
+    import concurrent.futures
+    import gc
+    import threading
+    import warnings
+
+    from django_delayq.worker import aio
+
+    died, handed = threading.Event(), []
+
+    class Supervisor:
+        def died(self, part, error, restart, thread=None):
+            pass
+
+    loop = aio.EventLoop(Supervisor())  # type: ignore[arg-type]
+
+    async def victim():
+        await asyncio.sleep(0.05)
+        return "ran"
+
+    class Gate:
+        """The loop's state lock; the dying loop's thread hands a coroutine over
+        (from another thread) just before it takes the lock to stop taking them."""
+
+        def __init__(self, lock):
+            self.lock = lock
+
+        def __enter__(self):
+            if died.is_set() and threading.current_thread() is loop.thread and not handed:
+                other = threading.Thread(target=lambda: handed.append(loop.submit(victim())))
+                other.start()
+                other.join()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    loop._state = Gate(loop._state)  # type: ignore[assignment]
+    loop.start()
+
+    async def killer():
+        died.set()
+        raise KeyboardInterrupt("raised by a handler")
+
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level("ERROR", "asyncio"):
+        warnings.simplefilter("always")
+        loop.submit(killer())
+        wait_for(lambda: handed, message="a coroutine handed over as the loop died")
+        done, _ = finishes_within(10, lambda: concurrent.futures.wait(handed, timeout=10))
+        assert done, "the coroutine's future never ended: its executor would wait for ever"
+        loop.thread.join(10)
+        handed.clear()
+        gc.collect()
+    never = [str(w.message) for w in seen if "never awaited" in str(w.message)]
+    assert never == []
+    assert "destroyed but it is pending" not in caplog.text
+    loop.stop()
+
+
 def test_rows_claimed_for_a_live_worker_whose_claim_reply_was_lost_come_back(settings):
     """A claim whose commit lost its reply (the connection cut as it committed) leaves
     its rows running under the live worker's name, in no book: nothing runs them, and
