@@ -8,18 +8,21 @@ __version__ = "0.1.0"
 __all__ = [
     "Discard",
     "EnqueueResult",
+    "MessageFailed",
     "Outcome",
     "Retry",
     "aenqueue",
     "aenqueue_many",
+    "await_result",
     "enqueue",
     "enqueue_many",
     "handler",
     "schedule",
     "tick_of",
+    "wait",
 ]
 
-from django_delayq.exceptions import Discard, Retry
+from django_delayq.exceptions import Discard, MessageFailed, Retry
 
 if TYPE_CHECKING:
     from django_delayq.cron.spec import schedule, tick_of
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
         enqueue_many,
     )
     from django_delayq.registry import handler
+    from django_delayq.workflows import await_result, wait
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from django_delayq.registry import handler
 
         return handler
+    if name in ("wait", "await_result"):
+        from django_delayq import workflows
+
+        return getattr(workflows, name)
     if name in ("schedule", "tick_of"):
         from django_delayq.cron import spec
 

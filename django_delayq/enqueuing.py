@@ -33,11 +33,13 @@ from django_delayq.models import KEY_MAX_LENGTH, PRIORITY_MAX, PRIORITY_MIN, Mes
 from django_delayq.payload import encode_payload
 from django_delayq.registry import validate_kind, validate_max_attempts, validate_queue_name
 from django_delayq.routers import queue_alias
-from django_delayq.store import new_rows, wakeup, write
+from django_delayq.store import dependencies, new_rows, wakeup, write
 from django_delayq.store.new_rows import Outcome
 from django_delayq.values import check_text
+from django_delayq.workflows import check_policy, parent_ids
 
 OnConflict = Literal["ignore", "update", "error"]
+ParentFailure = Literal["cancel", "wait", "run"]
 ON_CONFLICT_CHOICES = ("ignore", "update", "error")
 
 P = ParamSpec("P")
@@ -137,6 +139,8 @@ def enqueue(
     max_attempts: int | None = None,
     on_conflict: OnConflict = "ignore",
     using: str | None = None,
+    after: Iterable[Any] | None = None,
+    on_parent_failure: ParentFailure = "cancel",
 ) -> EnqueueResult:
     """Put one message on ``queue``, due at ``run_at`` / after ``delay`` / now.
 
@@ -151,6 +155,14 @@ def enqueue(
     routers' choice). The message joins the open transaction of that
     database's connection only: inside ``transaction.atomic()`` on another
     alias it commits at once, whatever that transaction does later.
+
+    ``after``: the message runs only once each of these parents (what
+    ``enqueue`` returned, a ``Message`` or a ``(queue, key)`` pair, each
+    existing already) has finished; ``on_parent_failure`` says what a parent
+    that ends failed or cancelled does: ``"cancel"`` it (and what waits for
+    it), keep it waiting (``"wait"``, until an operator retries the parent),
+    or ``"run"`` it anyway. Its handler reads the parents' results as
+    ``message.parent_results``.
     """
     return enqueue_many(
         queue,
@@ -164,6 +176,8 @@ def enqueue(
         on_conflict=on_conflict,
         using=using,
         group=group,
+        after=after,
+        on_parent_failure=on_parent_failure,
     )[0]
 
 
@@ -181,6 +195,8 @@ def enqueue_many(
     using: str | None = None,
     group: str = "",
     groups: Sequence[str] | None = None,
+    after: Iterable[Any] | None = None,
+    on_parent_failure: ParentFailure = "cancel",
 ) -> list[EnqueueResult]:
     """Enqueue many messages in a few statements; one result per payload, in order.
 
@@ -189,7 +205,8 @@ def enqueue_many(
     the last payload). The whole call is one transaction (or part of the
     caller's): either every message is written or none is. ``group`` puts
     every message in one ordered group, ``groups`` each in its own ("": none),
-    in the order of ``payloads``.
+    in the order of ``payloads``. ``after`` and ``on_parent_failure`` (see
+    ``enqueue``) apply to every message of the call.
     """
     validate_queue_name(queue)
     validate_kind(kind)
@@ -213,6 +230,12 @@ def enqueue_many(
     _check_priority(priority)
     max_attempts = validate_max_attempts(max_attempts)
     _check_on_conflict(on_conflict)
+    check_policy(on_parent_failure)
+    if after is not None and on_conflict == "update":
+        raise ValueError(
+            "after= cannot be combined with on_conflict='update': a message's parents are "
+            "set when it is created (use 'ignore' to enqueue a workflow step idempotently)"
+        )
     now = clock.now()
     due = resolve_run_at(run_at, delay, now)
     if not payloads:
@@ -242,11 +265,13 @@ def enqueue_many(
     )
     alias = queue_alias(using)
     connection = connections[alias]
+    parents = parent_ids(after, alias)
     keys = list(first_index)
     texts = {k: encoded[i] for k, i in first_index.items()}
     values = {k: payloads[i] for k, i in first_index.items()}
     per_key = None if group_of is None else {k: group_of[i] for k, i in first_index.items()}
-    wake = wakeup.notify_body(connection, queue, due)
+    # A message with parents is due only once they have finished.
+    wake = None if parents else wakeup.notify_body(connection, queue, due)
     if (
         on_conflict == "ignore"
         and not group
@@ -272,6 +297,12 @@ def enqueue_many(
             clashes = [k for k, (o, _) in outcomes.items() if o is Outcome.IGNORED]
             if clashes:
                 raise DuplicateMessage(queue, clashes)
+        if parents:
+            created = [m for o, m in outcomes.values() if o is Outcome.CREATED]
+            dependencies.attach([m.pk for m in created], parents, on_parent_failure, using=alias)
+            for message in created:
+                message.on_parent_failure = on_parent_failure
+                message.next_attempt_time = None
         if riding is None and wake is not None:
             if any(o is not Outcome.IGNORED for o, _ in outcomes.values()):
                 wakeup.notify(connection, queue, due)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 
 class DelayQError(Exception):
@@ -94,3 +95,20 @@ class WorkerCrashed(DelayQError):
 
     #: The exit status of ``run_delayq`` when a part of the worker kept dying.
     exit_code = 70
+
+
+class MessageFailed(DelayQError):
+    """``wait`` / ``await_result``: the message ended without succeeding.
+
+    ``status`` is how it ended (``failed`` or ``cancelled``), ``error`` its
+    last error (for a workflow's step cancelled by its parent, which parent).
+    """
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+        self.status = str(message.status)
+        self.error = str(message.last_error)
+        super().__init__(
+            f"{message.queue}/{message.key} (#{message.pk}) ended {self.status}"
+            + (f": {message.error_summary()}" if self.error else "")
+        )

@@ -34,6 +34,9 @@ PRIORITY_MAX = 32767
 #: message's ``max_attempts`` by one, so a message can snooze more than two
 #: billion times before the column would overflow.
 MAX_ATTEMPTS_LIMIT = 1_000_000
+#: ``enqueue(..., on_parent_failure=)``: what a parent that ends failed, cancelled
+#: or discarded does to the messages waiting for it.
+PARENT_FAILURE_POLICIES = ("cancel", "wait", "run")
 #: A worker's name (``run_delayq --name``): ``WorkerState.name`` and ``locked_by``.
 WORKER_NAME_MAX_LENGTH = 255
 
@@ -174,6 +177,33 @@ class Message(QueueColumns):
         ),
     )
 
+    # Workflows (store/dependencies.py): what a handler returned, and this
+    # message's part in a graph of messages.
+    result = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("What the handler returned (JSON), stored when it succeeded."),
+    )
+    on_parent_failure = models.CharField(
+        max_length=8,
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        choices=[(p, p) for p in PARENT_FAILURE_POLICIES],
+        help_text=_(
+            "Empty: no parents. What a parent's failure does: cancel this message, "
+            "keep it waiting, or run it anyway."
+        ),
+    )
+    has_children = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text=_("Messages wait for this one (enqueued with after=)."),
+    )
+
     objects = MessageQuerySet.as_manager()
 
     class Meta:
@@ -249,6 +279,79 @@ class Message(QueueColumns):
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.attname) for f in self._meta.concrete_fields}
+
+    def parents(self) -> list[Message]:
+        """The messages this one was enqueued ``after=``, in that order (read now)."""
+        from django_delayq.store.dependencies import parents_of
+
+        return parents_of(self)
+
+    @property
+    def parent_results(self) -> list[Any]:
+        """The parents' results (``Message.result``), in the order of ``after=``.
+
+        Read once per instance: a handler reading it twice costs one query.
+        A parent that did not succeed (``on_parent_failure="run"``) gives None.
+        """
+        cached = self.__dict__.get("_parent_results")
+        if cached is None:
+            cached = self.__dict__["_parent_results"] = [
+                parent.result if parent.status == Status.SUCCEEDED else None
+                for parent in self.parents()
+            ]
+        return list(cached)
+
+    @property
+    def waiting_for_parents(self) -> bool:
+        """Pending, with no due time, until its parents have finished (read now)."""
+        from django_delayq.store.dependencies import waiting
+
+        return bool(self.on_parent_failure) and waiting(self)
+
+
+class Dependency(models.Model):
+    """One edge of a workflow: ``child`` runs only once ``parent`` has finished.
+
+    ``parent_ended`` is empty while the parent may still run, then the
+    status it ended with: a child whose edges are all ended is released
+    (or cancelled, by its ``on_parent_failure``) by ``store.dependencies``,
+    once, under the child's row lock. Neither key is a database constraint:
+    the Spark archive deletes finished rows with plain statements, and a
+    parent's row may go once every child that needs it has finished.
+    """
+
+    child = models.ForeignKey(
+        Message, on_delete=models.CASCADE, related_name="parent_edges", db_constraint=False
+    )
+    parent = models.ForeignKey(
+        Message,
+        on_delete=models.CASCADE,
+        related_name="child_edges",
+        db_constraint=False,
+        db_index=False,
+    )
+    #: The parent's place in ``after=`` (``Message.parent_results``' order).
+    position = models.PositiveIntegerField(default=0)
+    parent_ended = models.CharField(max_length=16, blank=True, default="")
+    #: The parent's failure cancelled the child (a retry of the parent reopens it).
+    cancelled_child = models.BooleanField(default=False)
+
+    class Meta:
+        verbose_name = _("dependency")
+        verbose_name_plural = _("dependencies")
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "child"], name="delayq_dependency_edge")
+        ]
+        indexes = [
+            # The children still waiting for a parent (the child's unended
+            # edges, and the sweep's). Partial: ended edges cost nothing.
+            models.Index(
+                fields=["child"], name="delayq_dependency_open_idx", condition=Q(parent_ended="")
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id} -> {self.child_id}"
 
 
 class QueueState(models.Model):

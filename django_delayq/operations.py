@@ -50,7 +50,8 @@ from django_delayq.enqueuing import check_priority, resolve_run_at
 from django_delayq.entity import is_queue_model, queue_of
 from django_delayq.models import Message
 from django_delayq.routers import model_alias, queue_alias
-from django_delayq.store import groups, operators
+from django_delayq.store import dependencies, groups, operators
+from django_delayq.store.columns import batches
 from django_delayq.store.queries import QueueQuerySet, categories
 from django_delayq.store.wakeup import notify
 from django_delayq.values import is_int_between
@@ -202,9 +203,18 @@ def _apply(
             # next message of an ordered group go.
             in_groups = any(row.get(GROUPED) for row in rows)
             affected = groups.groups_of(queryset.filter(eligible)) if in_groups else set()
+            # ... and the children of a workflow's steps go on, or wait again.
+            parents = dependencies.ids_with_children(queryset.filter(eligible))
+            orphans = _children(parents, alias) if parents and plan is _DELETE else []
             changed = write(queryset.filter(eligible), now)
             if affected:
                 groups.release_groups(affected, using=alias)
+            if parents and plan is _RETRY:
+                dependencies.reopen(parents, using=alias)
+            elif orphans:
+                dependencies.orphaned(orphans, using=alias)
+            elif parents:
+                dependencies.settle(parents, using=alias)
             if wake is not None and changed:
                 queues = [
                     r["queue"] for r in rows if r["queue"] and any(r[n] for n in plan.eligible)
@@ -222,6 +232,16 @@ def _apply(
         # Rows a worker released between the count and the update.
         skipped[RUNNING] -= min(changed - expected, skipped[RUNNING])
     return OperationResult(changed, {k: n for k, n in skipped.items() if n})
+
+
+def _children(parents: list[int], alias: str) -> list[int]:
+    from django_delayq.models import Dependency
+
+    found: set[int] = set()
+    for chunk in batches(parents):
+        edges = Dependency.objects.using(alias).filter(parent_id__in=chunk)
+        found.update(edges.values_list("child_id", flat=True))
+    return sorted(found)
 
 
 def run_now(queryset: QuerySet[Message], *, dry_run: bool = False) -> OperationResult:

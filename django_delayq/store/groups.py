@@ -56,6 +56,7 @@ from django_delayq.store.columns import (
     quote_names,
     rows_with_literals,
 )
+from django_delayq.store.dependencies import not_waiting
 from django_delayq.store.features import features
 from django_delayq.store.queries import held_condition
 from django_delayq.store.sql import statement
@@ -275,7 +276,9 @@ def _release_held(alias: str, queue: str | None, groups: Sequence[str] | None) -
         grouped = grouped.filter(queue=queue)
     if groups is not None:
         grouped = grouped.filter(group__in=list(groups))
-    held = Q(status=Status.PENDING, next_attempt_time__isnull=True)
+    # A held message that waits for its parents (a workflow's step) is not
+    # the group's to let go: store.dependencies releases it.
+    held = Q(status=Status.PENDING, next_attempt_time__isnull=True) & not_waiting()
     firsts = (
         grouped.filter(_blockers(None if queue is None else [queue]))
         .order_by()
@@ -294,7 +297,7 @@ def _release_held(alias: str, queue: str | None, groups: Sequence[str] | None) -
     released = 0
     for chunk in batches([pk for pk, _ in free]):
         released += rows.filter(
-            pk__in=chunk, status=Status.PENDING, next_attempt_time__isnull=True
+            not_waiting(), pk__in=chunk, status=Status.PENDING, next_attempt_time__isnull=True
         ).update(next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now)
     if released:
         wake({q for _, q in free}, using=alias)

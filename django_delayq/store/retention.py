@@ -16,6 +16,7 @@ from django.db import transaction
 
 from django_delayq.models import Message
 from django_delayq.store.columns import batches, db_alias, rows_with_literals
+from django_delayq.store.dependencies import needed
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
 
@@ -37,7 +38,8 @@ def prune(
     ``IN_BATCH`` ids at a time, in one transaction.
     """
     alias = db_alias(using)
-    expired = Message.objects.using(alias).in_queues(queues).expired(cutoff)
+    # A parent stays while a child that needs it (its result) may still run.
+    expired = needed(Message.objects.using(alias).in_queues(queues).expired(cutoff))
     total = rounds = 0
     while max_batches is None or rounds < max_batches:
         # On SQLite with its constants written in: bound, they kept the read
@@ -52,7 +54,8 @@ def prune(
             break
         with transaction.atomic(using=alias):
             for chunk in batches(ids):
-                total += expired.filter(id__in=chunk).delete()[0]
+                # Messages only: their workflow edges go with them.
+                total += expired.filter(id__in=chunk).delete()[1].get(Message._meta.label, 0)
         rounds += 1
     return total
 

@@ -231,17 +231,22 @@ def ack(
     using: str | None = None,
     model: type[Model] = Message,
     skip_locked: bool = False,
+    result: Any = None,
 ) -> int:
     """Mark rows succeeded; returns how many were still ours (``skip_locked``: and
-    not locked by another transaction, see :func:`update_held`)."""
+    not locked by another transaction, see :func:`update_held`). ``result``: what
+    the handler returned (its ``value``), written as ``Message.result``."""
+    changes = _succeeded()
+    if result is not None:
+        changes["result"] = result.value
     return int(
         update_held(
             ids,
             token,
-            _succeeded(),
+            changes,
             using=using,
             model=model,
-            same_as="succeeded",
+            same_as="succeeded" if result is None else None,
             skip_locked=skip_locked,
         )
     )

@@ -37,9 +37,10 @@ from django_delayq.flow import failure_blocks
 from django_delayq.logs import duration as duration_text
 from django_delayq.logs import message_fields, who
 from django_delayq.models import Message
+from django_delayq.payload import encode_payload
 from django_delayq.registry import HandlerSpec, max_attempts_of, registry
 from django_delayq.retry import get_default_policy, resolve_policy
-from django_delayq.store import groups, leases, settle
+from django_delayq.store import dependencies, groups, leases, settle
 from django_delayq.values import escape_surrogates
 from django_delayq.worker import aio
 from django_delayq.worker.background import DB_ERRORS
@@ -264,7 +265,7 @@ def execute(
     try:
         if spec.atomic:
             with transaction.atomic(using=using):
-                call_handler(spec, message)
+                returned = result_of(call_handler(spec, message))
                 over = _past_time_limit(held.item) if held is not None else None
                 if held is not None and not held.returned():
                     raise _LeaseLost
@@ -285,12 +286,14 @@ def execute(
                         "the handler returned after a database error in its transaction "
                         "(caught and not raised again?); none of its writes can commit"
                     )
-                if group_acks is None and not settle.ack(
-                    [message.pk], token, using=using, model=type(message)
+                # A result is written with its own acknowledgement (the
+                # group's one statement writes none).
+                if (group_acks is None or returned is not None) and not settle.ack(
+                    [message.pk], token, using=using, model=type(message), result=returned
                 ):
                     raise _LeaseLost
         else:
-            call_handler(spec, message)
+            returned = result_of(call_handler(spec, message))
     except _LeaseLost:
         if held is not None and not held.returned():
             return late(message)
@@ -349,19 +352,24 @@ def execute(
 
     duration = time.monotonic() - started
     if spec.atomic:
-        if group_acks is not None:
+        if group_acks is not None and returned is None:
             group_acks.append((message, token))
         _announce(later, partial(record_success, message, duration, using=using))
         return Result.SUCCEEDED
     if held is not None and not held.returned():
         return late(message)
-    if held is not None and held.settler is not None and held.settler.batching:
+    if returned is None and held is not None and held.settler is not None and held.settler.batching:
         held.settler.add(held.item, duration)
         return DEFERRED
 
     def acknowledge(skip_locked: bool) -> int:
         return settle.ack(
-            [message.pk], token, using=using, model=type(message), skip_locked=skip_locked
+            [message.pk],
+            token,
+            using=using,
+            model=type(message),
+            skip_locked=skip_locked,
+            result=returned,
         )
 
     return _write(
@@ -374,6 +382,28 @@ def execute(
         later,
         held,
     )
+
+
+class Returned:
+    """A handler's return value other than None, checked to be JSON (``Message.result``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def result_of(value: Any) -> Returned | None:
+    """What a handler returned, to store as its message's result; None for None.
+
+    Checked as a payload is, before anything is written: a value JSON cannot
+    hold fails the attempt (retried like an error), rather than the
+    acknowledgement.
+    """
+    if value is None:
+        return None
+    encode_payload(value, "the handler's return value: ")
+    return Returned(value)
 
 
 def call_handler(spec: HandlerSpec, message: Any) -> Any:
@@ -476,6 +506,24 @@ def record_success(message: Message, duration: float, *, using: str) -> None:
         using=using,
     )
     _group_goes_on(message, using)
+    _children_go_on(message, using)
+
+
+def _children_go_on(message: Message, using: str) -> None:
+    """Release (or cancel) the messages enqueued ``after=`` ``message``, now that its
+    outcome has committed: a chain's next step is due at once, not at the sweep's
+    next round (which does it if this fails, or the worker dies first)."""
+    if not getattr(message, "has_children", False):
+        return
+    try:
+        dependencies.settle([message.pk], using=using)
+    except DB_ERRORS:
+        logger.warning(
+            "could not release the messages waiting for %s; the sweep will",
+            who(message),
+            exc_info=True,
+        )
+        connections[using].close()
 
 
 def _group_goes_on(message: Message, using: str) -> None:
@@ -648,6 +696,8 @@ def _record(
         signals.send(signal, message=message, attempt=message.attempt_count, using=using, **sent)
         if result in _GIVEN_UP and not failure_blocks(message.queue):
             _group_goes_on(message, using)
+        if result in _GIVEN_UP:
+            _children_go_on(message, using)
 
     return _write(
         result,

@@ -20,7 +20,10 @@ failed) and tried again at its next turn.
   redelivered within seconds rather than at the end of their leases; and
   every ordered group whose next message is held although nothing before it
   is left (a worker died between an outcome and letting its group go, or a
-  failed message was pruned) goes on (``groups.release_groups``).
+  failed message was pruned) goes on (``groups.release_groups``), and every
+  workflow step whose parents have all finished is released (or cancelled)
+  although no worker did it after the parent's outcome
+  (``dependencies.settle``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from django.db import connections
 from django_delayq import guard, liveness, retention
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.cron import install
-from django_delayq.store import groups
+from django_delayq.store import dependencies, groups
 from django_delayq.worker.background import DB_ERRORS, Background, Supervisor
 from django_delayq.worker.inflight import Book
 
@@ -115,6 +118,13 @@ class Maintenance:
                 self.release_groups,
             )
         )
+        self.tasks.append(
+            _Task(
+                "let workflows go on",
+                to_timedelta(config["HEARTBEAT_INTERVAL"]).total_seconds(),
+                self.release_children,
+            )
+        )
 
     def start(self) -> None:
         """Go on on a thread of its own; a ``--burst`` worker's first round is the caller's.
@@ -181,6 +191,16 @@ class Maintenance:
         released = groups.release_groups(using=self.using)
         if released:
             logger.info("let %d ordered group(s) go on past a finished message", released)
+            self._on_due()
+
+    def release_children(self) -> None:
+        settled = dependencies.settle(using=self.using)
+        if settled:
+            logger.info(
+                "workflows: %d message(s) released, %d cancelled after their parents finished",
+                len(settled.released),
+                len(settled.cancelled),
+            )
             self._on_due()
 
     def forget_gone(self) -> None:

@@ -386,3 +386,32 @@ def surrogate_handler(message):
 
 # The adversary suite's handlers (tests/chaos/adversaries.py).
 from tests.testapp import adversary_handlers  # noqa: E402, F401
+
+
+def _step(message):
+    # A workflow step: runs like any test message (the payload's knobs), then
+    # returns the payload's "returns", or its key and what its parents returned.
+    _run(message)
+    payload = message.payload if isinstance(message.payload, dict) else {}
+    if payload.get("returns_a_set"):
+        return {1, 2}  # no JSON value
+    if "returns" in payload:
+        return payload["returns"]
+    return {"key": message.key, "parents": message.parent_results}
+
+
+@handler("steps", max_attempts=2, retry=FixedDelay(delay=0))
+def step_handler(message):
+    return _step(message)
+
+
+@handler("steps-atomic", atomic=True, max_attempts=2, retry=FixedDelay(delay=0))
+def atomic_step_handler(message):
+    Effect.objects.create(message_id=message.pk, value=message.key)
+    return _step(message)
+
+
+@handler("steps-async", max_attempts=2, retry=FixedDelay(delay=0))
+async def async_step_handler(message):
+    await asyncio.sleep(0)
+    return {"key": message.key, "async": True}

@@ -1,0 +1,187 @@
+"""Workflows from the caller's side: naming parents for ``after=``, and waiting for a result.
+
+A message's parents (``enqueue(..., after=[...])``) are resolved and checked
+here, before anything is written; the edges and their release are
+``store/dependencies.py``'s. :func:`wait` and :func:`await_result` read a
+message until it has finished, at a growing interval (10 ms to
+``WAIT_POLL_MAX``): one indexed read per look, on every database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+
+from django_delayq.exceptions import MessageFailed
+from django_delayq.models import PARENT_FAILURE_POLICIES, Message
+from django_delayq.status import Status
+
+#: The polling interval of :func:`wait` grows to this (seconds).
+WAIT_POLL_MAX = 0.5
+
+
+def check_policy(policy: object) -> str:
+    if policy not in PARENT_FAILURE_POLICIES:
+        raise ValueError(
+            f"on_parent_failure must be one of {', '.join(PARENT_FAILURE_POLICIES)}; got {policy!r}"
+        )
+    return str(policy)
+
+
+def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
+    """The ids of ``after=``'s parents, in order, each checked to exist on ``using``.
+
+    A parent is what ``enqueue`` returned, a ``Message``, or a ``(queue, key)``
+    pair. It must exist already (written before, or earlier in the same
+    transaction), so a cycle cannot be written.
+    """
+    if after is None:
+        return []
+    if isinstance(after, str | bytes | tuple) or not isinstance(after, Iterable):
+        raise TypeError(
+            "after must be a list of parents (what enqueue returned, Messages or "
+            f"(queue, key) pairs), got {type(after).__name__}"
+        )
+    from django_delayq.enqueuing import EnqueueResult
+
+    ids: list[int | None] = []
+    pairs: dict[tuple[str, str], list[int]] = {}
+    for i, parent in enumerate(after):
+        if isinstance(parent, EnqueueResult):
+            parent = parent.message
+        if isinstance(parent, Message):
+            if parent.pk is None:
+                raise ValueError(f"after[{i}]: the message was never saved")
+            ids.append(int(parent.pk))
+        elif (
+            isinstance(parent, tuple)
+            and len(parent) == 2
+            and all(isinstance(part, str) for part in parent)
+        ):
+            pairs.setdefault((parent[0], parent[1]), []).append(i)
+            ids.append(None)
+        else:
+            raise TypeError(
+                f"after[{i}]: a parent is what enqueue returned, a Message or a (queue, key) "
+                f"pair of str, got {type(parent).__name__}"
+            )
+    rows = Message._base_manager.using(using)
+    if pairs:
+        from django.db.models import Q
+
+        wanted = Q()
+        for queue, key in pairs:
+            wanted |= Q(queue=queue, key=key)
+        found = {(q, k): pk for pk, q, k in rows.filter(wanted).values_list("pk", "queue", "key")}
+        for pair, places in pairs.items():
+            if pair not in found:
+                raise ValueError(f"after[{places[0]}]: no message {pair[0]}/{pair[1]}")
+            for place in places:
+                ids[place] = found[pair]
+    resolved = [pk for pk in ids if pk is not None]
+    seen: set[int] = set()
+    for i, pk in enumerate(resolved):
+        if pk in seen:
+            raise ValueError(f"after[{i}]: message #{pk} is named twice")
+        seen.add(pk)
+    existing = set(rows.filter(pk__in=resolved).values_list("pk", flat=True))
+    missing = [pk for pk in resolved if pk not in existing]
+    if missing:
+        raise ValueError(f"after: message #{missing[0]} does not exist")
+    return resolved
+
+
+def _row(message: Any) -> Message:
+    from django_delayq.enqueuing import EnqueueResult
+
+    if isinstance(message, EnqueueResult):
+        message = message.message
+    if not isinstance(message, Message) or message.pk is None:
+        raise TypeError(
+            f"wait for what enqueue returned or a saved Message, got {type(message).__name__}"
+        )
+    return message
+
+
+def _seconds(timeout: float | timedelta | None) -> float | None:
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+        raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+    return timeout
+
+
+def _ended(message: Message) -> tuple[bool, Any]:
+    row = Message._base_manager.using(message._state.db).filter(pk=message.pk).first()
+    if row is None:
+        raise MessageFailed(_gone(message))
+    if row.status == Status.SUCCEEDED:
+        return True, row.result
+    if row.status in (Status.FAILED, Status.CANCELLED):
+        raise MessageFailed(row)
+    return False, None
+
+
+def _gone(message: Message) -> Message:
+    message.status = "deleted"  # type: ignore[assignment]
+    message.last_error = message.last_error or "the message was deleted"
+    return message
+
+
+def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
+    """Block until ``message`` has finished; return its result (``Message.result``).
+
+    Raises :class:`MessageFailed` if it ends failed or cancelled (or is
+    deleted), ``TimeoutError`` if it has not finished after ``timeout``
+    seconds (None: no limit). Reads in autocommit: called inside
+    ``transaction.atomic()`` it would never see the outcome commit, so it
+    refuses to.
+
+    Waiting holds a thread and a database connection: in a web request it
+    is a way to make the request as slow as the queue. Use it in scripts,
+    management commands and tests, or return at once and let the page poll.
+    """
+    row = _row(message)
+    seconds = _seconds(timeout)
+    alias = row._state.db or "default"
+    if connections[alias].in_atomic_block:
+        raise RuntimeError(
+            "wait() inside transaction.atomic() would never see the message finish "
+            "(its outcome commits in another transaction)"
+        )
+    deadline = None if seconds is None else time.monotonic() + seconds
+    interval = 0.01
+    while True:
+        done, result = _ended(row)
+        if done:
+            return result
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError(f"{row.queue}/{row.key} (#{row.pk}) did not finish in {seconds} s")
+        time.sleep(interval if left is None else min(interval, left))
+        interval = min(interval * 1.5, WAIT_POLL_MAX)
+
+
+async def await_result(message: Any, timeout: float | timedelta | None = None) -> Any:
+    """:func:`wait` for async code: awaits (without holding a thread) between reads."""
+    from asgiref.sync import sync_to_async
+
+    row = _row(message)
+    seconds = _seconds(timeout)
+    read = sync_to_async(_ended, thread_sensitive=True)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    interval = 0.01
+    while True:
+        done, result = await read(row)
+        if done:
+            return result
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError(f"{row.queue}/{row.key} (#{row.pk}) did not finish in {seconds} s")
+        await asyncio.sleep(interval if left is None else min(interval, left))
+        interval = min(interval * 1.5, WAIT_POLL_MAX)

@@ -1,0 +1,356 @@
+"""Workflows: ``after=``, ``on_parent_failure``, results, ``wait`` (``store/dependencies.py``).
+
+Every test runs real workers (in-process, ``--burst``) on the test's
+database: PostgreSQL, SQLite or MariaDB, whichever ``DATABASE_URL`` names.
+"""
+
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection, transaction
+
+from django_delayq import MessageFailed, await_result, enqueue, enqueue_many, operations, wait
+from django_delayq.models import Dependency, Message
+from django_delayq.store import dependencies, groups, retention
+from django_delayq.worker.execute import Result
+from tests.testapp.models import Effect, Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def row(result):
+    return Message.objects.get(pk=result.message.pk)
+
+
+def started(result):
+    return Execution.objects.get(message_id=result.message.pk).started
+
+
+def test_a_chain_runs_step_after_step_and_passes_each_result_down(run_worker):
+    with transaction.atomic():
+        first = enqueue("steps", {}, key="first")
+        second = enqueue("steps", {}, key="second", after=[first])
+        third = enqueue("steps", {}, key="third", after=[second])
+    assert row(second).status == "pending" and row(second).next_attempt_time is None
+    assert row(second).waiting_for_parents and not row(first).waiting_for_parents
+    stats = run_worker(["steps"])
+    assert stats[Result.SUCCEEDED] == 3
+    a, b, c = row(first), row(second), row(third)
+    assert a.result == {"key": "first", "parents": []}
+    assert b.result == {"key": "second", "parents": [a.result]}
+    assert c.result == {"key": "third", "parents": [b.result]}
+    assert a.finished_at <= started(second) and b.finished_at <= started(third)
+    assert [p.pk for p in c.parents()] == [b.pk]
+
+
+def test_parent_results_come_in_the_order_of_after(run_worker):
+    parents = enqueue_many("steps", [{"returns": i} for i in range(5)])
+    order = [parents[3], parents[0], parents[4], parents[1], parents[2]]
+    child = enqueue("steps", {}, after=order)
+    run_worker(["steps"])
+    assert row(child).result["parents"] == [3, 0, 4, 1, 2]
+    assert [p.pk for p in row(child).parents()] == [r.message.pk for r in order]
+
+
+def test_a_fan_in_child_is_released_once_after_its_last_parent(run_worker):
+    parents = enqueue_many("steps", [{"returns": i} for i in range(40)])
+    child = enqueue("steps", {}, after=parents)
+    assert Dependency.objects.filter(child_id=child.message.pk).count() == 40
+    stats = run_worker(["steps"], concurrency=4)
+    assert stats[Result.SUCCEEDED] == 41
+    assert Execution.objects.filter(message_id=child.message.pk).count() == 1
+    last = max(row(p).finished_at for p in parents)
+    assert started(child) >= last
+    assert row(child).result["parents"] == list(range(40))
+
+
+def test_parents_named_by_message_and_by_queue_and_key(run_worker):
+    enqueue("steps", {"returns": "a"}, key="a")
+    b = enqueue("steps", {"returns": "b"}, key="b").message
+    child = enqueue("steps", {}, after=[("steps", "a"), b])
+    run_worker(["steps"])
+    assert row(child).result["parents"] == ["a", "b"]
+
+
+def test_a_child_of_finished_parents_is_due_at_once():
+    parent = enqueue("steps", {}).message
+    Message.objects.filter(pk=parent.pk).update(status="succeeded", next_attempt_time=None)
+    child = enqueue("steps", {}, after=[parent])
+    assert row(child).next_attempt_time is not None
+    assert not row(child).waiting_for_parents
+
+
+def test_a_child_of_a_failed_parent_is_cancelled_at_once_naming_it():
+    parent = enqueue("steps", {}, key="p").message
+    Message.objects.filter(pk=parent.pk).update(status="failed", next_attempt_time=None)
+    child = enqueue("steps", {}, after=[parent])
+    assert row(child).status == "cancelled"
+    assert row(child).last_error == f"Cancelled: parent steps/p (#{parent.pk}) ended failed"
+
+
+def test_a_failed_parent_cancels_its_descendants_and_its_retry_reopens_them(run_worker):
+    parent = enqueue("steps", {"fail": 5}, key="parent")
+    other = enqueue("steps", {}, key="other")
+    child = enqueue("steps", {}, key="child", after=[parent, other])
+    grandchild = enqueue("steps", {}, key="grandchild", after=[child])
+    run_worker(["steps"])
+    assert row(parent).status == "failed"
+    assert row(child).status == "cancelled"
+    assert "steps/parent" in row(child).last_error
+    assert row(grandchild).status == "cancelled"
+    assert "steps/child" in row(grandchild).last_error
+    assert not Execution.objects.filter(message_id__in=[child.message.pk, grandchild.message.pk])
+
+    Message.objects.filter(pk=parent.message.pk).update(payload={})
+    result = operations.retry_failed(Message.objects.filter(pk=parent.message.pk))
+    assert result.changed == 1
+    assert row(child).status == "pending" and row(child).waiting_for_parents
+    assert row(grandchild).status == "pending" and row(grandchild).waiting_for_parents
+    run_worker(["steps"])
+    assert {row(r).status for r in (parent, child, grandchild)} == {"succeeded"}
+    assert row(grandchild).result["parents"][0]["key"] == "child"
+
+
+def test_wait_keeps_children_waiting_until_the_parent_is_retried(run_worker):
+    parent = enqueue("steps", {"fail": 5})
+    child = enqueue("steps", {}, after=[parent], on_parent_failure="wait")
+    run_worker(["steps"])
+    assert row(parent).status == "failed"
+    assert row(child).status == "pending" and row(child).next_attempt_time is None
+    dependencies.settle(using="default")  # the sweep leaves it waiting too
+    assert row(child).next_attempt_time is None
+    Message.objects.filter(pk=parent.message.pk).update(payload={})
+    operations.retry_failed(Message.objects.filter(pk=parent.message.pk))
+    run_worker(["steps"])
+    assert row(child).status == "succeeded"
+
+
+def test_run_runs_the_child_once_every_parent_finished_whatever_its_outcome(run_worker):
+    bad = enqueue("steps", {"fail": 5})
+    good = enqueue("steps", {"returns": 1})
+    child = enqueue("steps", {}, after=[bad, good], on_parent_failure="run")
+    run_worker(["steps"])
+    assert row(bad).status == "failed"
+    assert row(child).status == "succeeded"
+    assert row(child).result["parents"] == [None, 1]
+
+
+def test_a_parent_discarded_counts_as_failed(run_worker):
+    parent = enqueue("steps", {"discard": "not needed"})
+    child = enqueue("steps", {}, after=[parent])
+    run_worker(["steps"])
+    assert row(child).status == "cancelled"
+
+
+def test_an_operator_cancelling_a_parent_cancels_its_children():
+    parent = enqueue("steps", {})
+    child = enqueue("steps", {}, after=[parent])
+    operations.cancel(Message.objects.filter(pk=parent.message.pk))
+    assert row(child).status == "cancelled"
+
+
+def test_deleting_a_parent_lets_its_children_go():
+    parent = enqueue("steps", {})
+    child = enqueue("steps", {}, after=[parent])
+    operations.delete(Message.objects.filter(pk=parent.message.pk))
+    assert row(child).next_attempt_time is not None
+    assert not Dependency.objects.filter(child_id=child.message.pk).exists()
+
+
+def test_the_sweep_releases_a_child_whose_parent_finished_without_its_worker(run_worker):
+    parent = enqueue("steps", {})
+    child = enqueue("steps", {}, after=[parent])
+    # The parent's worker died between its outcome and releasing the child.
+    Message.objects.filter(pk=parent.message.pk).update(status="succeeded", result=7)
+    assert row(child).next_attempt_time is None
+    settled = dependencies.settle(using="default")
+    assert settled.released == [child.message.pk]
+    assert dependencies.settle(using="default").released == []
+    run_worker(["steps"])
+    assert row(child).result["parents"] == [7]
+
+
+def test_a_child_enqueued_while_its_parent_runs_is_released_by_the_sweep(run_worker):
+    parent = enqueue("steps", {})
+    Message.objects.filter(pk=parent.message.pk).update(status="running")
+    child = enqueue("steps", {}, after=[parent])
+    assert row(parent).has_children
+    Message.objects.filter(pk=parent.message.pk).update(status="succeeded")
+    dependencies.settle(using="default")
+    assert row(child).next_attempt_time is not None
+
+
+def test_a_grouped_child_waits_for_its_parents_and_for_its_group(run_worker):
+    parent = enqueue("steps", {"sleep": 0})
+    before = enqueue("steps", {}, group="g")
+    child = enqueue("steps", {}, group="g", after=[parent])
+    after_child = enqueue("steps", {}, group="g")
+    # The group's sweep does not let a step go that still waits for its parent.
+    Message.objects.filter(pk=before.message.pk).update(status="succeeded")
+    groups.release_groups(using="default")
+    assert row(child).next_attempt_time is None
+    assert row(after_child).next_attempt_time is None
+    run_worker(["steps"])
+    assert {row(r).status for r in (parent, child, after_child)} == {"succeeded"}
+    assert started(child) < started(after_child)
+
+
+def test_prune_keeps_a_parent_while_a_child_needs_it():
+    parent = enqueue("steps", {}).message
+    child = enqueue("steps", {}, after=[parent])
+    old = parent.created_at - timedelta(days=30)
+    Message.objects.filter(pk=parent.pk).update(status="succeeded", finished_at=old)
+    assert retention.prune(old + timedelta(days=1), batch_size=100, using="default") == 0
+    Message.objects.filter(pk=child.message.pk).update(status="succeeded", finished_at=old)
+    assert retention.prune(old + timedelta(days=1), batch_size=100, using="default") == 2
+
+
+# -- results ----------------------------------------------------------------------
+
+
+def test_a_result_json_cannot_hold_fails_the_attempt(run_worker):
+    bad = enqueue("steps", {"returns_a_set": True})
+    run_worker(["steps"])
+    message = row(bad)
+    assert message.status == "failed"
+    assert "return value" in message.last_error
+    assert message.result is None
+
+
+def test_an_atomic_handlers_result_commits_with_its_writes(run_worker):
+    results = enqueue_many("steps-atomic", [{"returns": [i]} for i in range(6)])
+    run_worker(["steps-atomic"], concurrency=2)
+    assert [row(r).result for r in results] == [[i] for i in range(6)]
+    assert Effect.objects.count() == 6
+
+
+def test_an_async_handlers_result_is_stored(run_worker):
+    result = enqueue("steps-async", {})
+    run_worker(["steps-async"])
+    assert row(result).result == {"key": result.message.key, "async": True}
+
+
+def test_a_handler_returning_none_stores_no_result(run_worker):
+    result = enqueue("default", {})
+    run_worker(["default"])
+    assert row(result).status == "succeeded" and row(result).result is None
+
+
+# -- wait -------------------------------------------------------------------------
+
+
+def test_wait_returns_the_result_of_a_succeeded_message(serving_worker):
+    serving_worker(["steps"])
+    result = enqueue("steps", {"returns": {"ok": True}})
+    assert wait(result, timeout=60) == {"ok": True}
+
+
+def test_wait_raises_message_failed_with_the_last_error(serving_worker):
+    serving_worker(["steps"])
+    result = enqueue("steps", {"fail": 5})
+    with pytest.raises(MessageFailed) as caught:
+        wait(result, timeout=60)
+    assert caught.value.status == "failed"
+    assert "failed" in caught.value.error
+
+
+def test_wait_times_out():
+    result = enqueue("steps", {}, delay=3600)
+    with pytest.raises(TimeoutError):
+        wait(result, timeout=0.05)
+
+
+def test_wait_refuses_inside_a_transaction():
+    result = enqueue("steps", {})
+    with transaction.atomic(), pytest.raises(RuntimeError, match="atomic"):
+        wait(result, timeout=1)
+
+
+def test_await_result_is_the_async_twin(serving_worker):
+    serving_worker(["steps"])
+    result = enqueue("steps", {"returns": 5})
+    # Through asgiref's bridge, as Django runs async code from sync code: the
+    # reads come back to this thread, on its connection.
+    assert async_to_sync(await_result)(result, timeout=60) == 5
+    cancelled = enqueue("steps", {}, delay=3600)
+    operations.cancel(Message.objects.filter(pk=cancelled.message.pk))
+    with pytest.raises(MessageFailed):
+        async_to_sync(await_result)(cancelled.message, timeout=5)
+
+
+# -- bad input --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("after", "error"),
+    [
+        ("abc", TypeError),
+        (("steps", "k"), TypeError),
+        ([1], TypeError),
+        ([("steps",)], TypeError),
+        ([("steps", "missing")], ValueError),
+        ([Message(queue="steps", key="unsaved")], ValueError),
+    ],
+)
+def test_bad_parents_are_refused_before_anything_is_written(after, error):
+    with pytest.raises(error):
+        enqueue("steps", {}, key="child", after=after)
+    assert not Message.objects.filter(key="child").exists()
+
+
+def test_a_parent_named_twice_or_a_deleted_one_is_refused():
+    parent = enqueue("steps", {})
+    with pytest.raises(ValueError, match="twice"):
+        enqueue("steps", {}, after=[parent, parent.message])
+    gone = enqueue("steps", {}).message
+    Message.objects.filter(pk=gone.pk).delete()
+    with pytest.raises(ValueError, match="does not exist"):
+        enqueue("steps", {}, after=[gone])
+
+
+def test_bad_policies_and_update_with_after_are_refused():
+    parent = enqueue("steps", {})
+    with pytest.raises(ValueError, match="on_parent_failure"):
+        enqueue("steps", {}, after=[parent], on_parent_failure="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="on_conflict"):
+        enqueue("steps", {}, key="k", after=[parent], on_conflict="update")
+
+
+def test_an_ignored_duplicate_gets_no_new_parents():
+    a = enqueue("steps", {})
+    b = enqueue("steps", {})
+    enqueue("steps", {}, key="step", after=[a])
+    again = enqueue("steps", {}, key="step", after=[b])
+    assert again.outcome.name == "IGNORED"
+    assert [p.pk for p in row(again).parents()] == [a.message.pk]
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time anyway")
+def test_parents_finishing_at_once_on_many_connections_release_their_child_once():
+    import threading
+
+    from django.db import connections
+
+    parents = enqueue_many("steps", [{}] * 16)
+    child = enqueue("steps", {}, after=parents)
+    Message.objects.filter(pk__in=[p.message.pk for p in parents]).update(status="succeeded")
+    barrier = threading.Barrier(8)
+    released = []
+
+    def finish(mine):
+        try:
+            barrier.wait(10)
+            released.extend(dependencies.settle(mine, using="default").released)
+        finally:
+            connections.close_all()
+
+    ids = [p.message.pk for p in parents]
+    threads = [threading.Thread(target=finish, args=(ids[i::8],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert released == [child.message.pk]
+    assert row(child).next_attempt_time is not None
+    assert connection.vendor in ("postgresql", "mysql")
