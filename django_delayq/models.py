@@ -315,17 +315,19 @@ class Dependency(models.Model):
     ``parent_ended`` is empty while the parent may still run, then the
     status it ended with: a child whose edges are all ended is released
     (or cancelled, by its ``on_parent_failure``) by ``store.dependencies``,
-    once, under the child's row lock. Neither key is a database constraint:
-    the Spark archive deletes finished rows with plain statements, and a
-    parent's row may go once every child that needs it has finished.
+    once, under the child's row lock. Neither key is a database constraint
+    nor cascades in Django: the Spark archive deletes finished rows with
+    plain statements, and deleting messages must stay one statement per
+    batch (pruning), so the deletes that can meet edges remove them
+    themselves (``store.dependencies.forget``).
     """
 
     child = models.ForeignKey(
-        Message, on_delete=models.CASCADE, related_name="parent_edges", db_constraint=False
+        Message, on_delete=models.DO_NOTHING, related_name="parent_edges", db_constraint=False
     )
     parent = models.ForeignKey(
         Message,
-        on_delete=models.CASCADE,
+        on_delete=models.DO_NOTHING,
         related_name="child_edges",
         db_constraint=False,
         db_index=False,

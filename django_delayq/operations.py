@@ -66,6 +66,8 @@ MAX_EXTRA_ATTEMPTS = 1000
 MAX_NOTIFIED_QUEUES = 100
 # The count of the selection's messages in ordered groups (beside its categories).
 GROUPED = "grouped"
+# ... and of its messages in workflows (steps, parents).
+STEPS = "steps"
 
 # Skip reasons: the keys of ``OperationResult.skipped``.
 RUNNING = "running"
@@ -184,6 +186,7 @@ def _apply(
     counters = {name: Count("pk", filter=q) for name, q in conditions.items()}
     if model is Message:
         counters[GROUPED] = Count("pk", filter=~Q(group=""))
+        counters[STEPS] = Count("pk", filter=Q(has_children=True) | ~Q(on_parent_failure=""))
     with transaction.atomic(using=alias):
         if model is Message:
             grouped = queryset.values("queue").order_by("queue").annotate(**counters)
@@ -204,15 +207,19 @@ def _apply(
             in_groups = any(row.get(GROUPED) for row in rows)
             affected = groups.groups_of(queryset.filter(eligible)) if in_groups else set()
             # ... and the children of a workflow's steps go on, or wait again.
-            parents = dependencies.ids_with_children(queryset.filter(eligible))
+            steps = _steps(queryset.filter(eligible)) if any(r.get(STEPS) for r in rows) else []
+            parents = [pk for pk, has_children in steps if has_children]
             orphans = _children(parents, alias) if parents and plan is _DELETE else []
             changed = write(queryset.filter(eligible), now)
             if affected:
                 groups.release_groups(affected, using=alias)
-            if parents and plan is _RETRY:
+            if plan is _DELETE:
+                if steps:
+                    dependencies.forget([pk for pk, _ in steps], using=alias)
+                if orphans:
+                    dependencies.orphaned(orphans, using=alias)
+            elif parents and plan is _RETRY:
                 dependencies.reopen(parents, using=alias)
-            elif orphans:
-                dependencies.orphaned(orphans, using=alias)
             elif parents:
                 dependencies.settle(parents, using=alias)
             if wake is not None and changed:
@@ -232,6 +239,12 @@ def _apply(
         # Rows a worker released between the count and the update.
         skipped[RUNNING] -= min(changed - expected, skipped[RUNNING])
     return OperationResult(changed, {k: n for k, n in skipped.items() if n})
+
+
+def _steps(rows: QuerySet[Message]) -> list[tuple[int, bool]]:
+    """The workflow steps and parents of ``rows``: (id, has children)."""
+    wanted = rows.filter(Q(has_children=True) | ~Q(on_parent_failure=""))
+    return list(wanted.values_list("pk", "has_children"))
 
 
 def _children(parents: list[int], alias: str) -> list[int]:

@@ -20,6 +20,7 @@ from django.db import connections
 from django_delayq.exceptions import MessageFailed
 from django_delayq.models import PARENT_FAILURE_POLICIES, Message
 from django_delayq.status import Status
+from django_delayq.store.columns import batches
 
 #: The polling interval of :func:`wait` grows to this (seconds).
 WAIT_POLL_MAX = 0.5
@@ -72,12 +73,14 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
             )
     rows = Message._base_manager.using(using)
     if pairs:
-        from django.db.models import Q
-
-        wanted = Q()
+        found: dict[tuple[str, str], int] = {}
+        by_queue: dict[str, list[str]] = {}
         for queue, key in pairs:
-            wanted |= Q(queue=queue, key=key)
-        found = {(q, k): pk for pk, q, k in rows.filter(wanted).values_list("pk", "queue", "key")}
+            by_queue.setdefault(queue, []).append(key)
+        for queue, keys in by_queue.items():
+            for chunk in batches(keys):
+                named = rows.filter(queue=queue, key__in=chunk).values_list("pk", "key")
+                found.update(((queue, key), pk) for pk, key in named)
         for pair, places in pairs.items():
             if pair not in found:
                 raise ValueError(f"after[{places[0]}]: no message {pair[0]}/{pair[1]}")
@@ -89,7 +92,9 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
         if pk in seen:
             raise ValueError(f"after[{i}]: message #{pk} is named twice")
         seen.add(pk)
-    existing = set(rows.filter(pk__in=resolved).values_list("pk", flat=True))
+    existing: set[int] = set()
+    for chunk in batches(resolved):
+        existing.update(rows.filter(pk__in=chunk).values_list("pk", flat=True))
     missing = [pk for pk in resolved if pk not in existing]
     if missing:
         raise ValueError(f"after: message #{missing[0]} does not exist")

@@ -94,6 +94,18 @@ class System:
         """Insert ``n`` messages fast (not measured): due now, or due in a day."""
         raise NotImplementedError
 
+    def enqueue_chain(self, n: int) -> None:
+        """Enqueue ``n`` no-op messages (payload ``i``), each to run after the one before."""
+        raise NotImplementedError
+
+    def enqueue_fan(self, n: int, *, child: bool) -> None:
+        """Enqueue ``n`` no-op messages, and (``child``) one (``i`` "child") after them all."""
+        raise NotImplementedError
+
+    def enqueue_fan_in_child(self, n: int) -> float:
+        """With ``n`` messages in the queue, enqueue one after them all; the seconds it took."""
+        raise NotImplementedError
+
     def worker_command(self, *, concurrency: int, queue: str = "noop") -> list[str]:
         """A command that runs one worker process over ``queue``."""
         raise NotImplementedError
@@ -307,6 +319,84 @@ def measure_latency(system: System, samples: int) -> dict[str, Any]:
     lat = sorted((starts[k] - committed[k]) * 1000 for k in committed if k in starts)
     p95 = lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))]
     return {"value": statistics.median(lat), "p95": p95, "unit": "ms"}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure_chain(system: System, n: int) -> dict[str, Any]:
+    """A chain of ``n`` no-op steps on one worker (concurrency 1): steps per second from
+    the first step's start to the last's, and each step's start after the one before
+    (its parent's run, acknowledgement, the release and the claim)."""
+    system.install()
+    system.enqueue_chain(n)
+    system.analyze()
+    workers = Workers(system, processes=1, concurrency=1, env={"BENCH_PROBE_SAMPLES": "1"})
+    try:
+        probes = workers.wait_for(n, 600)
+    finally:
+        workers.stop()
+    starts = {k: v for p in probes for k, v in p["starts"].items()}
+    times = [starts[str(i)] for i in range(n)]
+    steps = [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
+    return {
+        "value": (n - 1) / (times[-1] - times[0]),
+        "unit": "steps/s",
+        "step_p50_ms": statistics.median(steps),
+        "step_p95_ms": _percentile(steps, 0.95),
+        "recorded_done": system.processed_ok(n, "noop"),
+    }
+
+
+def measure_fan_in(system: System, n: int, *, concurrency: int = 4) -> dict[str, Any]:
+    """``n`` no-op messages with one child after them all, against the same ``n``
+    without it (each on a fresh table, one worker): the wall time from the first
+    start to the last one's (the child's), their ratio, and the child's start after
+    the last parent's."""
+    spans = {}
+    child_after = None
+    for with_child in (False, True):
+        system.install()
+        system.enqueue_fan(n, child=with_child)
+        system.analyze()
+        total = n + int(with_child)
+        env = {"BENCH_PROBE_SAMPLES": "1"}
+        workers = Workers(system, processes=1, concurrency=concurrency, env=env)
+        try:
+            probes = workers.wait_for(total, 600)
+        finally:
+            workers.stop()
+        spans[with_child] = _throughput_span(probes)
+        if with_child:
+            starts = {k: v for p in probes for k, v in p["starts"].items()}
+            last_parent = max(v for k, v in starts.items() if k != "child")
+            child_after = (starts["child"] - last_parent) * 1000
+        system.sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    return {
+        "value": spans[True] / spans[False],
+        "unit": "x",
+        "plain_s": spans[False],
+        "fan_in_s": spans[True],
+        "child_after_last_parent_ms": child_after,
+    }
+
+
+def _throughput_span(probes: list[dict[str, Any]]) -> float:
+    first = min(p["first"] for p in probes if p["first"] is not None)
+    last = max(p["last"] for p in probes if p["last"] is not None)
+    return float(last - first)
+
+
+def measure_enqueue_fan_in(system: System, n: int, runs: int = 5) -> dict[str, Any]:
+    """Enqueueing one message after ``n`` others (in the table already): the median of
+    ``runs``."""
+    system.install()
+    system.fill(n)
+    system.analyze()
+    times = [system.enqueue_fan_in_child(n) for _ in range(runs)]
+    return {"value": statistics.median(times) * 1000, "unit": "ms", "runs_ms": times}
 
 
 def measure_memory(system: System, n: int) -> dict[str, Any]:
@@ -594,6 +684,10 @@ def measure_startup_first(system: System, runs: int) -> dict[str, Any]:
     return _spread(times)
 
 
+#: What only a system with dependencies between its messages can do.
+WORKFLOW_METRICS = ("chain", "fan_in", "enqueue_fan_in")
+
+
 def main(factory: Callable[[str], System]) -> None:
     """The command line of an adapter module: one metric, one JSON line."""
     parser = argparse.ArgumentParser()
@@ -602,6 +696,7 @@ def main(factory: Callable[[str], System]) -> None:
         choices=[
             "enqueue_one", "enqueue_batch", "process", "latency", "delayed", "memory",
             "cpu", "idle", "startup_burst", "startup_first", "pressure",
+            "chain", "fan_in", "enqueue_fan_in",
         ],
     )  # fmt: skip
     parser.add_argument("--n", type=int, default=10_000, help="messages, samples or runs")
@@ -625,8 +720,11 @@ def main(factory: Callable[[str], System]) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
     system = factory(fresh_database(args.db))
-    if not system.supports(args.metric, args.concurrency) or (
-        args.metric == "startup_burst" and system.burst_command() is None
+    workflows = type(system).enqueue_chain is not System.enqueue_chain
+    if (
+        not system.supports(args.metric, args.concurrency)
+        or (args.metric in WORKFLOW_METRICS and not workflows)
+        or (args.metric == "startup_burst" and system.burst_command() is None)
     ):
         print(json.dumps({"value": None, "note": "n/a"}))
         return
@@ -657,6 +755,12 @@ def main(factory: Callable[[str], System]) -> None:
                 concurrency=args.concurrency,
                 queue=args.queue,
             )
+        elif args.metric == "chain":
+            result = measure_chain(system, args.n)
+        elif args.metric == "fan_in":
+            result = measure_fan_in(system, args.n, concurrency=args.concurrency)
+        elif args.metric == "enqueue_fan_in":
+            result = measure_enqueue_fan_in(system, args.n)
         elif args.metric == "idle":
             result = measure_idle(system, args.seconds)
         elif args.metric == "startup_burst":

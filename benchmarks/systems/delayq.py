@@ -69,6 +69,37 @@ class DelayQ(System):
             {"queue": queue, "prefix": "f-" if future else "d-", "days": int(future), "n": n},
         )
 
+    def enqueue_chain(self, n: int) -> None:
+        from django.db import transaction
+
+        from django_delayq import enqueue
+
+        with transaction.atomic():
+            previous = enqueue("noop", {"i": 0})
+            for i in range(1, n):
+                previous = enqueue("noop", {"i": i}, after=[previous])
+
+    def enqueue_fan(self, n: int, *, child: bool) -> None:
+        from django.db import transaction
+
+        from django_delayq import enqueue, enqueue_many
+
+        with transaction.atomic():
+            parents = enqueue_many("noop", [{"i": i} for i in range(n)])
+            if child:
+                enqueue("noop", {"i": "child"}, after=parents)
+
+    def enqueue_fan_in_child(self, n: int) -> float:
+        import time
+
+        from django_delayq import enqueue
+        from django_delayq.models import Message
+
+        parents = list(Message.objects.filter(queue="noop").only("pk")[:n])
+        started = time.perf_counter()
+        enqueue("noop", {"i": "child"}, after=parents)
+        return time.perf_counter() - started
+
     def worker_command(self, *, concurrency: int, queue: str = "noop") -> list[str]:
         return [
             sys.executable, "-m", "django", "run_delayq",

@@ -64,7 +64,7 @@ class Migration(migrations.Migration):
                     "child",
                     models.ForeignKey(
                         db_constraint=False,
-                        on_delete=django.db.models.deletion.CASCADE,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
                         related_name="parent_edges",
                         to="django_delayq.message",
                     ),
@@ -74,7 +74,7 @@ class Migration(migrations.Migration):
                     models.ForeignKey(
                         db_constraint=False,
                         db_index=False,
-                        on_delete=django.db.models.deletion.CASCADE,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
                         related_name="child_edges",
                         to="django_delayq.message",
                     ),

@@ -31,7 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+)
 from django.db.models.functions import Greatest
 
 from django_delayq import clock
@@ -310,6 +319,22 @@ def orphaned(children: Collection[int], *, using: str | None = None) -> Settled:
     return done
 
 
+def forget(ids: Collection[int], *, using: str | None = None) -> None:
+    """Delete the edges to and from the messages of ``ids`` (deleted, or about to be)."""
+    alias = db_alias(using)
+    edges = Dependency.objects.using(alias)
+    for chunk in batches(sorted(ids)):
+        edges.filter(child_id__in=chunk).delete()
+        edges.filter(parent_id__in=chunk).delete()
+
+
+def in_workflows() -> ExpressionWrapper[Q]:
+    """Whether a message is a workflow's step or parent (its edges go with it)."""
+    return ExpressionWrapper(
+        Q(has_children=True) | ~Q(on_parent_failure=""), output_field=BooleanField()
+    )
+
+
 def waiting(message: Message) -> bool:
     """Whether ``message`` still has a parent that did not end (read now)."""
     return (
@@ -349,10 +374,3 @@ def needed(rows: QuerySet[Any]) -> QuerySet[Any]:
         Q(has_children=True)
         & Exists(Dependency.objects.filter(parent=OuterRef("pk"), child__status__in=list(ACTIVE)))
     )
-
-
-def ids_with_children(rows: QuerySet[Any]) -> list[int]:
-    """The ids of ``rows`` that have children (before an operation changes them)."""
-    if rows.model is not Message:
-        return []
-    return list(rows.filter(has_children=True).values_list("pk", flat=True))

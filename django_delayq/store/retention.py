@@ -16,7 +16,7 @@ from django.db import transaction
 
 from django_delayq.models import Message
 from django_delayq.store.columns import batches, db_alias, rows_with_literals
-from django_delayq.store.dependencies import needed
+from django_delayq.store.dependencies import forget, in_workflows, needed
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
 
@@ -44,18 +44,22 @@ def prune(
     while max_batches is None or rounds < max_batches:
         # On SQLite with its constants written in: bound, they kept the read
         # from delayq_finished_idx, and every round read the whole table.
-        ids = [
-            pk
-            for (pk,) in rows_with_literals(
-                expired.order_by().values_list("id")[:batch_size], alias
-            )
-        ]
+        found = rows_with_literals(
+            expired.order_by()
+            .annotate(steps=in_workflows())
+            .values_list("id", "steps")[:batch_size],
+            alias,
+        )
+        ids = [pk for pk, _ in found]
         if not ids:
             break
         with transaction.atomic(using=alias):
             for chunk in batches(ids):
-                # Messages only: their workflow edges go with them.
-                total += expired.filter(id__in=chunk).delete()[1].get(Message._meta.label, 0)
+                total += expired.filter(id__in=chunk).delete()[0]
+            # A workflow's finished steps take their edges with them.
+            steps = [pk for pk, step in found if step]
+            if steps:
+                forget(steps, using=alias)
         rounds += 1
     return total
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from decimal import Decimal
 
 from django_delayq import Discard, Retry, handler, tick_of
 from django_delayq.models import Message
@@ -109,6 +110,24 @@ async def notify_partner(message: Message) -> None:
     order = await Order.objects.aget(pk=message.payload["order_id"])
     await asyncio.sleep(0.2)  # stands for: await client.post(PARTNER_URL, json=...)
     logger.info("partner told of order #%s (%s)", order.pk, order.customer_email)
+
+
+@handler("reports", kind="report.order")
+def report_order(message: Message) -> dict[str, object]:
+    """One order's line of the sales report: its return value is stored as the
+    message's ``result``, for the step that runs after it (``report.total``)."""
+    order = Order.objects.get(pk=message.payload["order_id"])
+    return {"order": order.pk, "total": str(order.total)}
+
+
+@handler("reports", kind="report.total")
+def report_total(message: Message) -> dict[str, object]:
+    """The sales report's total, enqueued ``after=`` every order's line: it runs
+    once they have all finished, and reads what they returned (in ``after=`` order)."""
+    lines = message.parent_results
+    total = sum(Decimal(line["total"]) for line in lines)
+    logger.info("sales report: %d orders, %s in total", len(lines), total)
+    return {"orders": len(lines), "total": str(total)}
 
 
 @handler("ops")

@@ -138,3 +138,18 @@ def test_the_partner_is_told_of_an_order_by_an_async_handler(delayq, caplog):
 
     assert attempt.result == "succeeded"
     assert f"partner told of order #{placed.order.pk} (ann@example.com)" in caplog.text
+
+
+def test_the_sales_report_totals_its_lines_after_they_all_ran(delayq):
+    from django_delayq import enqueue_many
+    from django_delayq.models import Message
+
+    orders = [place_order(f"r{i}@example.com", total).order for i, total in enumerate([10, 32])]
+    lines = enqueue_many("reports", [{"order_id": o.pk} for o in orders], kind="report.order")
+    report = enqueue("reports", kind="report.total", after=lines)
+    assert Message.objects.get(pk=report.message.pk).waiting_for_parents
+
+    attempts = delayq.run_pending("reports")
+
+    assert [a.message.kind for a in attempts] == ["report.order", "report.order", "report.total"]
+    assert Message.objects.get(pk=report.message.pk).result == {"orders": 2, "total": "42.00"}

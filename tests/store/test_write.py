@@ -394,6 +394,9 @@ def test_template_sets_every_column_of_a_new_message() -> None:
         "finished_at": None,
         "superseded_at": None,
         "group": "",
+        "result": None,
+        "on_parent_failure": "",
+        "has_children": False,
     }
     # Every column is named here: a new one needs its value decided.
     assert set(expected) == {f.attname for f in Message._meta.concrete_fields}

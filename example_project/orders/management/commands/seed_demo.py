@@ -5,8 +5,9 @@ transaction (and gone together on rollback), delayed delivery, a batch with
 ``enqueue_many``, keys that make a repeated enqueue harmless, a task of
 Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend,
 shipments whose rows are their own queue messages (``QueueFields``), each
-order's events in an ordered group, a rate-limited emails queue, and an
-``async def`` handler's queue (the partner's API).
+order's events in an ordered group, a rate-limited emails queue, an
+``async def`` handler's queue (the partner's API), and a workflow (a report
+step per order, then a total enqueued ``after=`` them).
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ class Command(BaseCommand):
         out(
             f"The partner's API is told of the {len(orders)} orders by an async def handler "
             "(partners):\n  coroutines on the worker's event loop, up to 20 at once."
+        )
+
+        with transaction.atomic():
+            lines = enqueue_many(
+                "reports",
+                [{"order_id": pk} for pk in orders],
+                keys=[f"report-{pk}" for pk in orders],
+                kind="report.order",
+            )
+            report = enqueue("reports", key="report-total", kind="report.total", after=lines)
+        out(
+            f"A sales report as a workflow: {len(lines)} report.order messages, then "
+            f"{report.message.key} after=[all of them]
+  (it waits for them, then reads "
+            "their results as message.parent_results)."
         )
 
         out("Placing an order whose transaction then fails:")
