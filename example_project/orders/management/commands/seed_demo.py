@@ -92,8 +92,7 @@ class Command(BaseCommand):
             report = enqueue("reports", key="report-total", kind="report.total", after=lines)
         out(
             f"A sales report as a workflow: {len(lines)} report.order messages, then "
-            f"{report.message.key} after=[all of them]
-  (it waits for them, then reads "
+            f"{report.message.key} after=[all of them]\n  (it waits for them, then reads "
             "their results as message.parent_results)."
         )
 
