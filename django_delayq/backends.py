@@ -482,6 +482,9 @@ def to_task_result(
     worker_ids = list(payload.get("worker_ids", []))
     if message.status == "running" and message.locked_by:
         worker_ids.append(message.locked_by)
+    elif message.status == "succeeded" and "return_value" not in payload and message.locked_by:
+        # Its successful attempt's worker: the acknowledgement wrote no payload.
+        worker_ids.append(message.locked_by)
     result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
         task=task or _task_of(message),
         id=str(message.pk),
@@ -496,7 +499,9 @@ def to_task_result(
         errors=_errors(message),
         worker_ids=worker_ids,
     )
-    object.__setattr__(result, "_return_value", payload.get("return_value"))
+    # The return value: Message.result (a release before it kept it in the payload).
+    returned = message.result if message.result is not None else payload.get("return_value")
+    object.__setattr__(result, "_return_value", returned)
     return result
 
 
@@ -528,7 +533,7 @@ def _error(message: Message, exc: BaseException) -> dict[str, Any]:
     }
 
 
-def run_task(message: Message) -> None:
+def run_task(message: Message) -> Any:
     """The handler of every task message: run the task, keep its outcome.
 
     Sends ``task_started`` before the call. Exceptions propagate, so delayq
@@ -556,12 +561,17 @@ def run_task(message: Message) -> None:
             value = aio.run(task.acall(*args, **kwargs))
         else:
             value = task.call(*args, **kwargs)
-        _record(message, return_value=normalize_json(value))
+        returned = normalize_json(value)
+        # NaN, NUL or an oversized result fail the attempt, as its error.
+        encode_payload(returned, "the task's return value: ")
     except Retry:
         raise
     except (Exception, SystemExit) as exc:
         _record(message, errors=[*message.payload.get("errors", []), _error(message, exc)])
         raise
+    # Stored as the message's result by its acknowledgement (Message.result), as
+    # any handler's return value: no statement of its own.
+    return returned
 
 
 def _send_task_finished(sender: Any, message: Message, using: str, **kwargs: Any) -> None:

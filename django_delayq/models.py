@@ -197,6 +197,11 @@ class Message(QueueColumns):
             "keep it waiting, or run it anyway."
         ),
     )
+    # How many of its parents have not ended yet, and how many ended failed
+    # or cancelled: a parent's end changes its edge and these, in one
+    # statement, and the change that brings the first to 0 releases it.
+    parents_waiting = models.PositiveIntegerField(default=0, db_default=0, editable=False)
+    parents_failed = models.PositiveIntegerField(default=0, db_default=0, editable=False)
     has_children = models.BooleanField(
         default=False,
         db_default=False,

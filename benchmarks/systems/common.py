@@ -346,6 +346,7 @@ def measure_chain(system: System, n: int) -> dict[str, Any]:
         "unit": "steps/s",
         "step_p50_ms": statistics.median(steps),
         "step_p95_ms": _percentile(steps, 0.95),
+        "slow_steps": [(i, round(ms, 1)) for i, ms in enumerate(steps) if ms > 10][:20],
         "recorded_done": system.processed_ok(n, "noop"),
     }
 
@@ -396,7 +397,8 @@ def measure_enqueue_fan_in(system: System, n: int, runs: int = 5) -> dict[str, A
     system.fill(n)
     system.analyze()
     times = [system.enqueue_fan_in_child(n) for _ in range(runs)]
-    return {"value": statistics.median(times) * 1000, "unit": "ms", "runs_ms": times}
+    ms = [t * 1000 for t in times]
+    return {"value": statistics.median(ms), "unit": "ms", "runs_ms": ms}
 
 
 def measure_memory(system: System, n: int) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Workflows: a handler's result, and the edges of messages enqueued ``after=`` others.
 
-``has_children`` and ``on_parent_failure`` have database defaults, so the
-new columns cost PostgreSQL no rewrite of the table, and a worker of the
-previous release keeps writing rows without them.
+The new columns of the message table have database defaults, so they cost
+PostgreSQL no rewrite of the table, and a worker of the previous release
+keeps writing rows without them.
 """
 
 import django.db.models.deletion
@@ -37,6 +37,16 @@ class Migration(migrations.Migration):
                 help_text="Empty: no parents. What a parent's failure does: cancel this message, keep it waiting, or run it anyway.",
                 max_length=8,
             ),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="parents_failed",
+            field=models.PositiveIntegerField(db_default=0, default=0, editable=False),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="parents_waiting",
+            field=models.PositiveIntegerField(db_default=0, default=0, editable=False),
         ),
         migrations.AddField(
             model_name="message",

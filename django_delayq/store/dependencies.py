@@ -4,10 +4,12 @@ Each ``after=`` is one edge (``Dependency``) from a parent to the child. A
 child waits as a held ordered-group member does: ``pending`` with no due
 time (its due time stays in ``scheduled_time``), so no claim and no
 next-due read ever visits it. An edge is *ended* once its parent has
-finished (``parent_ended`` holds the status it ended with); a child whose
-edges have all ended is released (due at its scheduled time), and one
-with a parent that failed is cancelled, kept waiting or released
-according to its ``on_parent_failure``.
+finished (``parent_ended`` holds the status it ended with), and the child
+counts its parents that have not ended (``parents_waiting``) and those that
+ended failed or cancelled (``parents_failed``). The change that brings the
+first count to 0 releases the child (due at its scheduled time); one that
+brings it a failed parent cancels it, keeps it waiting or, once none waits,
+releases it, by its ``on_parent_failure``.
 
 Who ends the edges (:func:`settle`): the worker that finished a parent,
 right after the outcome committed (the parent's ``has_children`` tells it
@@ -16,21 +18,23 @@ operation; the enqueue of a child whose parents finished already; and a
 sweep of every worker's maintenance, for what a crash or a race left
 undone (a child enqueued in the very moment its parent finished).
 
-Exactly once: every change of a child's edges and of the child itself
-happens under the child's row lock, taken first, in id order. Parents
-finishing at the same moment on different workers then take turns on
-their common child, and the last one sees every other parent's edge
-ended: the child is released once (the release's ``WHERE`` repeats that
-it is still waiting), never twice and never not at all.
+Exactly once: an edge ends once (its ``UPDATE`` repeats ``parent_ended =
+''``), and the child's counts change in the same transaction, under the
+child's row lock. On PostgreSQL both are one statement (``end_edges``):
+parents finishing at the same moment on several workers change their
+common child one after the other, and only the change that reaches 0
+releases it. Elsewhere the children are locked first, in id order, and
+their edges read again under the lock (SQLite has one writer at a time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import (
     BooleanField,
     Count,
@@ -40,26 +44,34 @@ from django.db.models import (
     OuterRef,
     Q,
     QuerySet,
+    Subquery,
 )
-from django.db.models.functions import Greatest
+from django.db.models.functions import Coalesce, Greatest
 
 from django_delayq import clock
+from django_delayq.conf import get_config
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Dependency, Message
 from django_delayq.status import ACTIVE, FINISHED, Status
-from django_delayq.store.columns import IN_BATCH, batches, db_alias
+from django_delayq.store.columns import IN_BATCH, batches, db_alias, quote_names
+from django_delayq.store.features import features
+from django_delayq.store.sql import statement
+from django_delayq.store.wakeup import NOTIFY_CHANNEL
 
 #: Parent statuses that count as a failure for ``on_parent_failure``.
 PARENT_FAILED = (Status.FAILED, Status.CANCELLED)
 
-# Open edges whose parent has finished, read per round of :func:`settle`.
+# Open edges whose parent has finished, read per round of the locked path.
 ROUND = IN_BATCH
 
 
 def not_waiting() -> Q:
-    """Rows that wait for no parent (every edge ended), for the held-row tests."""
-    return Q(on_parent_failure="") | Q(
-        ~Exists(Dependency.objects.filter(child=OuterRef("pk"), parent_ended=""))
+    """Rows that no parent holds back (none, or their parents let them go), for the
+    held-row tests."""
+    return (
+        Q(on_parent_failure="")
+        | Q(parents_waiting=0, parents_failed=0)
+        | Q(parents_waiting=0, on_parent_failure="run")
     )
 
 
@@ -76,7 +88,10 @@ def attach(children: Sequence[int], parents: Sequence[int], policy: str, *, usin
     rows = Message._base_manager.using(using)
     for chunk in batches(list(children)):
         rows.filter(pk__in=chunk, status=Status.PENDING).update(
-            on_parent_failure=policy, next_attempt_time=None
+            on_parent_failure=policy,
+            next_attempt_time=None,
+            parents_waiting=len(parents),
+            parents_failed=0,
         )
     Dependency.objects.using(using).bulk_create(
         [
@@ -97,6 +112,10 @@ class Settled:
 
     released: list[int] = field(default_factory=list)
     cancelled: list[int] = field(default_factory=list)
+    #: The queues of the released ones whose idle workers are still to wake.
+    queues: set[str] = field(default_factory=set)
+    #: The released ones in ordered groups (their group may hold them still).
+    grouped: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.released or self.cancelled)
@@ -116,104 +135,143 @@ def settle(
     """
     alias = db_alias(using)
     done = Settled()
-    edges = Dependency.objects.using(alias).filter(
-        parent_ended="", parent__status__in=list(FINISHED)
-    )
     if parents is None and children is None:
-        _rounds(edges, alias, done)
+        _end(alias, done, None, None)
     for chunk in batches(sorted(parents or ())):
-        _rounds(edges.filter(parent_id__in=chunk), alias, done)
+        _end(alias, done, "parent_id", chunk)
     for chunk in batches(sorted(children or ())):
-        _rounds(edges.filter(child_id__in=chunk), alias, done)
+        _end(alias, done, "child_id", chunk)
     followed = 0
     while followed < len(done.cancelled):
         # Finished now: their children's edges end too.
         chunk = done.cancelled[followed : followed + IN_BATCH]
         followed += len(chunk)
-        _rounds(edges.filter(parent_id__in=chunk), alias, done)
-    if done.released:
-        from django_delayq.store.groups import wake
-
-        queues: set[str] = set()
-        for chunk in batches(done.released):
-            rows = Message._base_manager.using(alias).filter(pk__in=chunk)
-            queues.update(rows.values_list("queue", flat=True).distinct())
-        wake(queues, using=alias)
+        _end(alias, done, "parent_id", chunk)
+    _after(alias, done)
     return done
 
 
-def _rounds(edges: QuerySet[Dependency], alias: str, done: Settled) -> None:
-    """End ``edges`` (open, their parent finished), ``ROUND`` at a time, each round a
-    transaction of its own; an edge someone else ended meanwhile drops out."""
+def _end(alias: str, done: Settled, column: str | None, ids: list[int] | None) -> None:
+    """End the open edges of finished parents (``column`` in ``ids``; None: all)."""
+    connection = connections[alias]
+    if features(connection).array_parameters:
+        _end_in_one_statement(connection, done, column, ids)
+        return
+    edges = Dependency.objects.using(alias).filter(
+        parent_ended="", parent__status__in=list(FINISHED)
+    )
+    if column is not None:
+        edges = edges.filter(**{f"{column}__in": ids})
     while True:
-        found = list(
-            edges.order_by("child_id").values_list("pk", "child_id", "parent__status")[:ROUND]
-        )
-        if not found:
+        kids = sorted(set(edges.values_list("child_id", flat=True)[:ROUND]))
+        if not kids:
             return
         with transaction.atomic(using=alias):
-            _end_edges(found, alias, done)
+            _end_locked(kids, alias, done)
 
 
-def _end_edges(found: list[tuple[int, int, str]], alias: str, done: Settled) -> None:
-    """End the edges of ``found`` (edge, child, parent's status) under their children's
-    locks, then release or cancel each child that can go."""
-    kids = sorted({child for _, child, _ in found})
-    # The children's row locks first, in id order: whoever ends edges of the
-    # same child waits here, and then sees the others' edges ended.
-    locked = _lock_waiting(kids, alias)
-    by_status: dict[str, list[int]] = {}
-    for edge, _, status in found:
-        by_status.setdefault(status, []).append(edge)
-    for status, ids in by_status.items():
-        Dependency.objects.using(alias).filter(pk__in=ids, parent_ended="").update(
-            parent_ended=status
-        )
-    if locked:
-        _decide(locked, alias, done)
-
-
-def _decide(locked: dict[int, tuple[str, str, str]], alias: str, done: Settled) -> None:
-    """Release or cancel each waiting child of ``locked`` (id: queue, group, policy;
-    its row lock held) that its edges let go."""
-    rows = Message._base_manager.using(alias)
-    counts = (
-        Dependency.objects.using(alias)
-        .filter(child_id__in=list(locked))
-        .values("child_id")
-        .order_by()
-        .annotate(
-            open=Count("pk", filter=Q(parent_ended="")),
-            failed=Count("pk", filter=Q(parent_ended__in=PARENT_FAILED)),
-        )
+def _end_in_one_statement(
+    connection: Any, done: Settled, column: str | None, ids: list[int] | None
+) -> None:
+    """PostgreSQL: :func:`_end` as the statement ``end_edges`` (autocommit, or the
+    caller's transaction)."""
+    message = quote_names(
+        Message,
+        connection,
+        "id",
+        "status",
+        "queue",
+        "key",
+        "group",
+        "parents_waiting",
+        "parents_failed",
+        "finished_at",
+        "last_error",
+        "scheduled_time",
+        "updated_at",
     )
-    edges = {row["child_id"]: (row["open"], row["failed"]) for row in counts}
-    release: list[int] = []
-    cancel: list[int] = []
-    for child, (_, _, policy) in locked.items():
-        open_, failed = edges.get(child, (0, 0))  # none left: its parents were deleted
-        if failed and policy == "cancel":
-            cancel.append(child)
-        elif not open_ and (not failed or policy == "run"):
-            release.append(child)
-    now = clock.sql_now()
-    if release:
-        rows.filter(pk__in=release, status=Status.PENDING, next_attempt_time__isnull=True).update(
-            next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now
-        )
-        grouped = {pk: _Row(*locked[pk][:2]) for pk in release if locked[pk][1]}
-        if grouped:
-            from django_delayq.store.groups import hold_back
+    edge = quote_names(Dependency, connection, "parent_id", "child_id", "position", "parent_ended")
+    params: list[Any] = []
+    if column is None:
+        condition = "TRUE"
+    else:
+        condition = f"d.{edge[column]} = ANY(%s)"
+        params.append(list(ids or ()))
+    can = features(connection)
+    # The wake-up rides on the statement: one round trip less per step of a chain.
+    notes = can.notify and get_config()["NOTIFY"]
+    if notes:
+        params.append(NOTIFY_CHANNEL)
+    sql = statement("end_edges", can).format(
+        notes=statement("end_edges_notes", can).format(queue=message["queue"]) if notes else "",
+        noted=", (SELECT count(*) FROM notes)" if notes else "",
+        message=message["table"],
+        dependency=edge["table"],
+        edges=condition,
+        now=_now_sql(),
+        due=connection.ops.quote_name("next_attempt_time"),
+        policy=connection.ops.quote_name("on_parent_failure"),
+        **{k: v for k, v in message.items() if k != "table"},
+        **{k: v for k, v in edge.items() if k != "table"},
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    cancelled = []
+    for pk, queue, group, status, released, *_ in rows:
+        if released:
+            _released(done, pk, queue, group, notified=notes)
+        elif status == Status.CANCELLED:
+            cancelled.append(pk)
+    if cancelled:
+        done.cancelled.extend(cancelled)
+        _mark_cancelled(cancelled, connection.alias)
 
-            hold_back(grouped, using=alias)
-        done.released.extend(release)
-    if cancel:
-        _cancel(cancel, alias)
-        done.cancelled.extend(cancel)
+
+def _now_sql() -> str:
+    """The statement's time: the database's, or a replaced clock's (tests), as a literal."""
+    if clock.is_overridden():
+        now: datetime = clock.now()
+        return f"'{now.isoformat()}'::timestamptz"
+    return "STATEMENT_TIMESTAMP()"
 
 
-def _lock_waiting(kids: Sequence[int], alias: str) -> dict[int, tuple[str, str, str]]:
-    """Lock those of ``kids`` that wait for parents, in id order; id: queue, group, policy."""
+def _end_locked(kids: list[int], alias: str, done: Settled) -> None:
+    """End the open edges of finished parents of ``kids`` under the children's locks
+    (taken first, in id order; the edges read again under them), and change each
+    waiting child's counts; then release or cancel those that can go."""
+    locked = _lock_waiting(kids, alias)
+    edges = list(
+        Dependency.objects.using(alias)
+        .filter(child_id__in=kids, parent_ended="", parent__status__in=list(FINISHED))
+        .values_list("pk", "child_id", "parent__status")
+    )
+    by_status: dict[str, list[int]] = {}
+    ended: dict[int, list[int]] = {}  # child: [ended, failed]
+    for edge, child, status in edges:
+        by_status.setdefault(status, []).append(edge)
+        counts = ended.setdefault(child, [0, 0])
+        counts[0] += 1
+        counts[1] += status in PARENT_FAILED
+    for status, ids in by_status.items():
+        for chunk in batches(ids):
+            Dependency.objects.using(alias).filter(pk__in=chunk, parent_ended="").update(
+                parent_ended=status
+            )
+    rows = Message._base_manager.using(alias)
+    for child, (n, f) in ended.items():
+        if child in locked:
+            rows.filter(pk=child).update(
+                parents_waiting=F("parents_waiting") - n, parents_failed=F("parents_failed") + f
+            )
+            queue, group, policy, waiting, failed = locked[child]
+            locked[child] = (queue, group, policy, waiting - n, failed + f)
+    _decide({k: v for k, v in locked.items() if k in ended}, alias, done)
+
+
+def _lock_waiting(kids: Sequence[int], alias: str) -> dict[int, tuple[str, str, str, int, int]]:
+    """Lock those of ``kids`` that wait for parents, in id order; id: (queue, group,
+    policy, parents waiting, parents failed)."""
     rows = (
         Message._base_manager.using(alias)
         .filter(pk__in=list(kids), status=Status.PENDING, next_attempt_time__isnull=True)
@@ -222,11 +280,55 @@ def _lock_waiting(kids: Sequence[int], alias: str) -> dict[int, tuple[str, str, 
         .order_by("pk")
     )
     return {
-        pk: (queue, group, policy)
-        for pk, queue, group, policy in rows.values_list(
-            "pk", "queue", "group", "on_parent_failure"
+        pk: (queue, group, policy, waiting, failed)
+        for pk, queue, group, policy, waiting, failed in rows.values_list(
+            "pk", "queue", "group", "on_parent_failure", "parents_waiting", "parents_failed"
         )
     }
+
+
+def _decide(locked: dict[int, tuple[str, str, str, int, int]], alias: str, done: Settled) -> None:
+    """Release or cancel each waiting child of ``locked`` (its row lock held, its
+    counts current) that its parents let go."""
+    rows = Message._base_manager.using(alias)
+    release: list[int] = []
+    cancel: list[int] = []
+    for child, (_, _, policy, waiting, failed) in locked.items():
+        if failed and policy == "cancel":
+            cancel.append(child)
+        elif not waiting and (not failed or policy == "run"):
+            release.append(child)
+    now = clock.sql_now()
+    for chunk in batches(release):
+        rows.filter(pk__in=chunk, status=Status.PENDING, next_attempt_time__isnull=True).update(
+            next_attempt_time=Greatest(F("scheduled_time"), now), updated_at=now
+        )
+    for pk in release:
+        _released(done, pk, *locked[pk][:2])
+    if cancel:
+        _cancel(cancel, alias)
+        done.cancelled.extend(cancel)
+
+
+def _released(done: Settled, pk: int, queue: str, group: str, *, notified: bool = False) -> None:
+    done.released.append(pk)
+    if not notified:
+        done.queues.add(queue)
+    if group:
+        done.grouped[pk] = (queue, group)
+
+
+def _after(alias: str, done: Settled) -> None:
+    """What follows a release: a released step behind its ordered group is held by
+    it again, and the idle workers of the released ones' queues are woken."""
+    if done.grouped:
+        from django_delayq.store.groups import hold_back
+
+        hold_back({pk: _Row(*where) for pk, where in done.grouped.items()}, using=alias)
+    if done.queues:
+        from django_delayq.store.groups import wake
+
+        wake(done.queues, using=alias)
 
 
 @dataclass(frozen=True)
@@ -236,11 +338,10 @@ class _Row:
 
 
 def _cancel(children: list[int], alias: str) -> None:
-    """Cancel ``children``, each naming the first parent whose failure did it."""
+    """Cancel ``children`` (locked), each naming the first parent whose failure did it."""
     edges = Dependency.objects.using(alias).filter(
         child_id__in=children, parent_ended__in=PARENT_FAILED
     )
-    edges.update(cancelled_child=True)
     first: dict[int, tuple[int, str, str, str]] = {}
     for child, parent, queue, key, status in edges.order_by("position").values_list(
         "child_id", "parent_id", "parent__queue", "parent__key", "parent_ended"
@@ -256,7 +357,46 @@ def _cancel(children: list[int], alias: str) -> None:
             finished_at=now,
             updated_at=now,
             last_error=error,
-            error_fingerprint=fingerprint(error),
+        )
+    _mark_cancelled(children, alias)
+
+
+def _mark_cancelled(children: list[int], alias: str) -> None:
+    """The failed edges of cancelled ``children`` are what cancelled them (a retry of
+    such a parent reopens them); their errors get their fingerprint (failure triage)."""
+    for chunk in batches(children):
+        Dependency.objects.using(alias).filter(
+            child_id__in=chunk, parent_ended__in=PARENT_FAILED
+        ).update(cancelled_child=True)
+        rows = Message._base_manager.using(alias).filter(pk__in=chunk)
+        for pk, error in rows.values_list("pk", "last_error"):
+            rows.filter(pk=pk).update(error_fingerprint=fingerprint(error))
+
+
+def _recount(children: Sequence[int], alias: str) -> None:
+    """Count each child's waiting and failed parents again from its edges (after an
+    operator reopened or deleted some)."""
+    edges = Dependency.objects.using(alias).filter(child_id=OuterRef("pk"))
+    for chunk in batches(list(children)):
+        Message._base_manager.using(alias).filter(pk__in=chunk).update(
+            parents_waiting=Coalesce(
+                Subquery(
+                    edges.filter(parent_ended="")
+                    .values("child_id")
+                    .annotate(n=Count("pk"))
+                    .values("n")
+                ),
+                0,
+            ),
+            parents_failed=Coalesce(
+                Subquery(
+                    edges.filter(parent_ended__in=PARENT_FAILED)
+                    .values("child_id")
+                    .annotate(n=Count("pk"))
+                    .values("n")
+                ),
+                0,
+            ),
         )
 
 
@@ -272,6 +412,7 @@ def reopen(parents: Iterable[int], *, using: str | None = None) -> int:
     rows = Message._base_manager.using(alias)
     edges = Dependency.objects.using(alias)
     frontier = sorted(set(parents))
+    touched: set[int] = set()
     reopened: list[int] = []
     while frontier:
         chunk, frontier = frontier[:IN_BATCH], frontier[IN_BATCH:]
@@ -282,9 +423,9 @@ def reopen(parents: Iterable[int], *, using: str | None = None) -> int:
                 ).values_list("child_id", flat=True)
             )
         )
-        edges.filter(parent_id__in=chunk).exclude(parent_ended="").update(
-            parent_ended="", cancelled_child=False
-        )
+        opened = edges.filter(parent_id__in=chunk).exclude(parent_ended="")
+        touched.update(opened.values_list("child_id", flat=True))
+        opened.update(parent_ended="", cancelled_child=False)
         if not victims:
             continue
         # Every edge that cancelled them opens again: a parent still failed
@@ -300,7 +441,10 @@ def reopen(parents: Iterable[int], *, using: str | None = None) -> int:
             attempt_count=0,
         )
         reopened.extend(victims)
+        touched.update(victims)
         frontier.extend(victims)  # their children that their cancellation cancelled
+    if touched:
+        _recount(sorted(touched), alias)
     if reopened:
         settle(children=reopened, using=alias)
     return len(reopened)
@@ -308,14 +452,16 @@ def reopen(parents: Iterable[int], *, using: str | None = None) -> int:
 
 def orphaned(children: Collection[int], *, using: str | None = None) -> Settled:
     """Decide for ``children`` whose edges were deleted with their parent (an
-    operator's delete): one left with no open edge goes."""
+    operator's delete): one left with no parent to wait for goes."""
     alias = db_alias(using)
     done = Settled()
     for chunk in batches(sorted(children)):
         with transaction.atomic(using=alias):
             locked = _lock_waiting(chunk, alias)
             if locked:
-                _decide(locked, alias, done)
+                _recount(list(locked), alias)
+                _decide(_lock_waiting(list(locked), alias), alias, done)
+    _after(alias, done)
     return done
 
 
@@ -336,10 +482,11 @@ def in_workflows() -> ExpressionWrapper[Q]:
 
 
 def waiting(message: Message) -> bool:
-    """Whether ``message`` still has a parent that did not end (read now)."""
+    """Whether ``message`` waits for its parents (read now)."""
     return (
-        Dependency.objects.using(message._state.db or db_alias(None))
-        .filter(child_id=message.pk, parent_ended="")
+        Message._base_manager.using(message._state.db or db_alias(None))
+        .filter(pk=message.pk, status=Status.PENDING, next_attempt_time__isnull=True)
+        .exclude(not_waiting())
         .exists()
     )
 

@@ -511,10 +511,15 @@ class Worker:
         )
         if any(result in RESCHEDULED for _, result, _ in done):
             self.claimer.forget_next_due()
-        if any(result in GROUP_DONE and getattr(item.row, "group", "") for item, result, _ in done):
-            # Recorded, and the next message of the group let go (execute.py):
-            # claim it now. (A batched success lets it go after its commit:
-            # the acknowledgement buffer calls _acks_committed then.)
+        if any(
+            result in GROUP_DONE
+            and (getattr(item.row, "group", "") or getattr(item.row, "has_children", False))
+            for item, result, _ in done
+        ):
+            # Recorded, and the next message of the group (or a workflow's next
+            # steps) let go (execute.py): claim it now, with the slot it frees.
+            # (A batched success lets a group go after its commit: the
+            # acknowledgement buffer calls _acks_committed then.)
             wake = True
             self.claimer.something_due()
         for item, result, elapsed in done:

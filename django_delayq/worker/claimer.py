@@ -395,7 +395,10 @@ class Claimer:
         hold = self.hold(heard_at)
         self.heard(heard_at, self.waker.heard)
         if notified and (self.waker.hint is None or self.waker.hint <= soon):
-            if hold > 0 and not self.book.stopping:
+            # Not when this worker let messages go itself (a group's next, a
+            # workflow's next steps): the poke that said so was read with the
+            # notification, and nothing would end the wait before its end.
+            if hold > 0 and not self.book.stopping and not self._due_now:
                 # A dense stream: take the next ones in the same claim (read once,
                 # at the end: no wake-up for each of them).
                 self.waker.wait(hold, listen=False)

@@ -358,7 +358,15 @@ def execute(
         return Result.SUCCEEDED
     if held is not None and not held.returned():
         return late(message)
-    if returned is None and held is not None and held.settler is not None and held.settler.batching:
+    # A success others wait for (a workflow's parent) is written at once,
+    # not batched: its children are released as soon as it commits.
+    if (
+        returned is None
+        and not getattr(message, "has_children", False)
+        and held is not None
+        and held.settler is not None
+        and held.settler.batching
+    ):
         held.settler.add(held.item, duration)
         return DEFERRED
 

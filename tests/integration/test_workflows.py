@@ -6,9 +6,11 @@ database: PostgreSQL, SQLite or MariaDB, whichever ``DATABASE_URL`` names.
 
 from datetime import timedelta
 
+import hypothesis
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
+from hypothesis import strategies as st
 
 from django_delayq import MessageFailed, await_result, enqueue, enqueue_many, operations, wait
 from django_delayq.models import Dependency, Message
@@ -354,3 +356,87 @@ def test_parents_finishing_at_once_on_many_connections_release_their_child_once(
     assert released == [child.message.pk]
     assert row(child).next_attempt_time is not None
     assert connection.vendor in ("postgresql", "mysql")
+
+
+# -- the class of fault: any graph, any outcomes --------------------------------------
+
+
+@st.composite
+def graphs(draw):
+    """A random workflow: each step's parents among the earlier ones, its policy, and
+    whether its handler fails."""
+    size = draw(st.integers(2, 8))
+    steps = []
+    for i in range(size):
+        parents = draw(st.lists(st.integers(0, i - 1), unique=True, max_size=3)) if i else []
+        steps.append(
+            {
+                "parents": parents,
+                "policy": draw(st.sampled_from(["cancel", "wait", "run"])),
+                "fails": draw(st.booleans()),
+            }
+        )
+    return steps
+
+
+def expected_statuses(steps):
+    """What each step must end as, by the rules of on_parent_failure."""
+    status = []
+    for step in steps:
+        ended = [status[p] for p in step["parents"]]
+        failed = any(s in ("failed", "cancelled") for s in ended)
+        waiting = any(s == "pending" for s in ended)
+        if failed and step["policy"] == "cancel":
+            status.append("cancelled")
+        elif waiting or (failed and step["policy"] == "wait"):
+            status.append("pending")
+        else:
+            status.append("failed" if step["fails"] else "succeeded")
+    return status
+
+
+@hypothesis.settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(steps=graphs())
+def test_any_graph_ends_as_its_rules_say_and_no_step_starts_before_its_parents(steps):
+    from django_delayq.testing import run_pending
+
+    Dependency.objects.all().delete()
+    Message.objects.all().delete()
+    Execution.objects.all().delete()
+    results = []
+    with transaction.atomic():
+        for i, step in enumerate(steps):
+            payload = {"fail": 5} if step["fails"] else {"echo": i}
+            results.append(
+                enqueue(
+                    "steps",
+                    payload,
+                    key=f"s{i}",
+                    after=[results[p] for p in step["parents"]] or None,
+                    on_parent_failure=step["policy"],
+                )
+            )
+    run_pending("steps")
+    rows = [row(r) for r in results]
+    assert [m.status for m in rows] == expected_statuses(steps)
+    for step, message in zip(steps, rows, strict=True):
+        ran = Execution.objects.filter(message_id=message.pk)
+        if message.status in ("pending", "cancelled"):
+            assert not ran.exists(), "a step ran that its parents held back"
+            continue
+        assert ran.count() == (2 if step["fails"] else 1)
+        first = ran.order_by("started").first().started
+        for p in step["parents"]:
+            assert rows[p].finished_at <= first, "a step started before its parent finished"
+        if message.status == "succeeded":
+            want = [
+                rows[p].result if rows[p].status == "succeeded" else None for p in step["parents"]
+            ]
+            assert message.result["parents"] == want if "parents" in message.result else True
+    # Waiting steps are held (no due time), and nothing is left to release.
+    assert all(m.next_attempt_time is None for m in rows if m.status == "pending")
+    assert not dependencies.settle(using="default")

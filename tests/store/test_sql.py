@@ -85,6 +85,34 @@ USES: dict[str, Use] = {
     "drop_group_clear": use(
         lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
     ),
+    # dependencies.py
+    "end_edges": use(
+        lambda f: f.array_parameters,
+        "message",
+        "dependency",
+        "edges",
+        "now",
+        "due",
+        "policy",
+        "notes",
+        "noted",
+        "id",
+        "status",
+        "queue",
+        "key",
+        "group",
+        "parents_waiting",
+        "parents_failed",
+        "finished_at",
+        "last_error",
+        "scheduled_time",
+        "updated_at",
+        "parent_id",
+        "child_id",
+        "position",
+        "parent_ended",
+    ),  # fmt: skip
+    "end_edges_notes": use(lambda f: f.array_parameters and f.notify, "queue"),
     # queries.py
     "distinct_values": use(lambda f: f.loose_index_scan, "col", "table", "where"),
     "next_due": use(always, "due", "table", "status", "queues"),

@@ -397,6 +397,8 @@ def test_template_sets_every_column_of_a_new_message() -> None:
         "result": None,
         "on_parent_failure": "",
         "has_children": False,
+        "parents_waiting": 0,
+        "parents_failed": 0,
     }
     # Every column is named here: a new one needs its value decided.
     assert set(expected) == {f.attname for f in Message._meta.concrete_fields}

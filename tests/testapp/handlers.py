@@ -393,6 +393,8 @@ def _step(message):
     # returns the payload's "returns", or its key and what its parents returned.
     _run(message)
     payload = message.payload if isinstance(message.payload, dict) else {}
+    if "echo" in payload:
+        return {"i": payload["echo"], "parents": message.parent_results}
     if payload.get("returns_a_set"):
         return {1, 2}  # no JSON value
     if "returns" in payload:

@@ -182,3 +182,58 @@ $body$
 
 -- name: drop_holder_gone
 DROP FUNCTION IF EXISTS delayq_holder_gone(varchar, timestamptz, interval)
+
+-- name: end_edges
+-- A workflow's edges whose parent has finished ({edges}: which ones, on the edge d),
+-- ended, and their children's counts of parents changed, in one statement: the
+-- change that leaves a waiting child no parent to wait for releases it, and one
+-- that brings it a failed parent cancels it if its on_parent_failure says so.
+-- Parents ending at once on several workers change a common child one after the
+-- other (its row lock; PostgreSQL re-reads the row it waited for), so exactly one
+-- of them sees the count reach 0. Returns the children released or cancelled.
+-- {notes} is empty, or the CTE end_edges_notes (wake the idle workers of the
+-- released ones' queues, at commit) and {noted} what makes it run.
+WITH ended AS (
+    UPDATE {dependency} d SET {parent_ended} = p.{status}
+    FROM {message} p
+    WHERE p.{id} = d.{parent_id} AND d.{parent_ended} = ''
+        AND p.{status} IN ('succeeded', 'failed', 'cancelled') AND ({edges})
+    RETURNING d.{child_id} AS child, d.{position} AS place, p.{status} AS status,
+        'Cancelled: parent ' || p.{queue} || '/' || p.{key} || ' (#' || p.{id}
+            || ') ended ' || p.{status} AS why
+), tally AS (
+    SELECT child, count(*) AS n, count(*) FILTER (WHERE status <> 'succeeded') AS f,
+        (array_agg(why ORDER BY place) FILTER (WHERE status <> 'succeeded'))[1] AS why
+    FROM ended GROUP BY child
+), changed AS (
+    UPDATE {message} c SET
+        {parents_waiting} = c.{parents_waiting} - t.n,
+        {parents_failed} = c.{parents_failed} + t.f,
+        {status} = CASE WHEN c.{policy} = 'cancel' AND c.{parents_failed} + t.f > 0
+            THEN 'cancelled' ELSE c.{status} END,
+        {finished_at} = CASE WHEN c.{policy} = 'cancel' AND c.{parents_failed} + t.f > 0
+            THEN {now} ELSE c.{finished_at} END,
+        {last_error} = CASE WHEN c.{policy} = 'cancel' AND c.{parents_failed} + t.f > 0
+            THEN coalesce(t.why, 'Cancelled: a parent failed') ELSE c.{last_error} END,
+        {due} = CASE
+            WHEN c.{parents_waiting} - t.n = 0
+                AND (c.{parents_failed} + t.f = 0 OR c.{policy} = 'run')
+            THEN greatest(c.{scheduled_time}, {now}) END,
+        {updated_at} = {now}
+    FROM tally t
+    WHERE c.{id} = t.child AND c.{status} = 'pending' AND c.{due} IS NULL
+        AND c.{policy} <> ''
+    RETURNING c.{id}, c.{queue}, c.{group}, c.{status}, c.{due} IS NOT NULL AS released,
+        c.{due} AS due
+){notes}
+SELECT {id}, {queue}, {group}, {status}, released{noted} FROM changed
+WHERE released OR {status} = 'cancelled'
+
+-- name: end_edges_notes
+-- end_edges' wake-up: one NOTIFY per queue of released children, with the
+-- earliest due time (the body store/wakeup.py's notify sends).
+, notes AS (
+    SELECT pg_notify(%s, json_build_object(
+        'queue', {queue}, 'due', extract(epoch FROM min(due)))::text)
+    FROM changed WHERE released GROUP BY {queue}
+)
