@@ -194,6 +194,10 @@ def _end_in_one_statement(
     params: list[Any] = []
     if column is None:
         condition = "TRUE"
+    elif column == "parent_id":
+        # On the parent's primary key: each parent read by its id.
+        condition = f"p.{message['id']} = ANY(%s)"
+        params.append(list(ids or ()))
     else:
         condition = f"d.{edge[column]} = ANY(%s)"
         params.append(list(ids or ()))

@@ -50,7 +50,7 @@ from django_delayq.worker.acks import Settler
 from django_delayq.worker.aio import EventLoop
 from django_delayq.worker.background import DB_ERRORS, Supervisor
 from django_delayq.worker.claimer import Claimer
-from django_delayq.worker.execute import Result
+from django_delayq.worker.execute import RELEASED_CHILDREN, Result
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.keeper import Keeper
 from django_delayq.worker.listen import polling
@@ -513,7 +513,7 @@ class Worker:
             self.claimer.forget_next_due()
         if any(
             result in GROUP_DONE
-            and (getattr(item.row, "group", "") or getattr(item.row, "has_children", False))
+            and (getattr(item.row, "group", "") or item.row.__dict__.get(RELEASED_CHILDREN))
             for item, result, _ in done
         ):
             # Recorded, and the next message of the group (or a workflow's next

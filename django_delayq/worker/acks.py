@@ -47,7 +47,7 @@ from django.db import DatabaseError, InterfaceError, connections, reset_queries
 
 from django_delayq import guard
 from django_delayq.logs import who
-from django_delayq.store import leases, settle
+from django_delayq.store import dependencies, leases, settle
 from django_delayq.worker.background import Supervisor
 from django_delayq.worker.execute import Result, lease_lost, record_success
 from django_delayq.worker.inflight import InFlight
@@ -286,7 +286,14 @@ class Settler:
             return False
         missing = [a for a in acks if (a.item.row.pk, a.item.token) not in mine]
         found = self._states([a.item for a in missing]) if missing else {}
-        grouped = False
+        # A workflow's parents acknowledged together end their edges together:
+        # a fan-in's child changes once per batch, not once per parent.
+        parents = [
+            a.item.row.pk
+            for a in acks
+            if getattr(a.item.row, "has_children", False) and (a.item.row.pk, a.item.token) in mine
+        ]
+        grouped = bool(parents) and self._children_go_on(parents)
         for ack in acks:
             item = ack.item
             message = item.row
@@ -305,11 +312,27 @@ class Settler:
                 message,
                 ack.duration,
                 using=self.using,
+                children=False,
                 log=logger,
             )
             grouped = grouped or bool(getattr(message, "group", ""))
             done.append((item, Result.SUCCEEDED, ack.duration))
         return grouped
+
+    def _children_go_on(self, parents: list[Any]) -> bool:
+        """Release the children of ``parents`` (acknowledged); True if any was released.
+        If this fails, the sweep of every worker's maintenance does it a little later."""
+        try:
+            return bool(dependencies.settle(parents, using=self.using).released)
+        except (DatabaseError, InterfaceError):
+            logger.warning(
+                "could not release the messages waiting for %d acknowledged message(s); "
+                "the sweep will",
+                len(parents),
+                exc_info=True,
+            )
+            connections[self.using].close()
+            return False
 
     def _write(self, outcome: Unwritten, done: Done, again: list[_Success | Unwritten]) -> None:
         item = outcome.item

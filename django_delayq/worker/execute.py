@@ -358,14 +358,16 @@ def execute(
         return Result.SUCCEEDED
     if held is not None and not held.returned():
         return late(message)
-    # A success others wait for (a workflow's parent) is written at once,
-    # not batched: its children are released as soon as it commits.
+    # A success others wait for (a workflow's parent) is written at once when
+    # the worker has nothing else in hand (a chain's next step starts as soon
+    # as it commits), and batched when it has (a fan-in's parents: their
+    # child then changes once per batch, not once per parent).
     if (
         returned is None
-        and not getattr(message, "has_children", False)
         and held is not None
         and held.settler is not None
         and held.settler.batching
+        and (not getattr(message, "has_children", False) or _busy(held))
     ):
         held.settler.add(held.item, duration)
         return DEFERRED
@@ -390,6 +392,12 @@ def execute(
         later,
         held,
     )
+
+
+def _busy(held: Held) -> bool:
+    """Whether the worker holds more than this attempt: messages queued in its lane,
+    or successes waiting for the next batch."""
+    return bool(held.item.lane.queued) or bool(held.settler and held.settler.pending())
 
 
 class Returned:
@@ -493,7 +501,7 @@ def _unwritten(
     )
 
 
-def record_success(message: Message, duration: float, *, using: str) -> None:
+def record_success(message: Message, duration: float, *, using: str, children: bool = True) -> None:
     """Log and signal a success whose acknowledgement is committed.
 
     Sent once the acknowledgement is committed: a receiver never hears of a
@@ -514,7 +522,12 @@ def record_success(message: Message, duration: float, *, using: str) -> None:
         using=using,
     )
     _group_goes_on(message, using)
-    _children_go_on(message, using)
+    if children:
+        _children_go_on(message, using)
+
+
+#: Set on a parent's row once its outcome released some of its children.
+RELEASED_CHILDREN = "_delayq_released_children"
 
 
 def _children_go_on(message: Message, using: str) -> None:
@@ -524,7 +537,7 @@ def _children_go_on(message: Message, using: str) -> None:
     if not getattr(message, "has_children", False):
         return
     try:
-        dependencies.settle([message.pk], using=using)
+        settled = dependencies.settle([message.pk], using=using)
     except DB_ERRORS:
         logger.warning(
             "could not release the messages waiting for %s; the sweep will",
@@ -532,6 +545,9 @@ def _children_go_on(message: Message, using: str) -> None:
             exc_info=True,
         )
         connections[using].close()
+        return
+    # For the worker's bookkeeping (Worker._settled): its next claim may take them.
+    message.__dict__[RELEASED_CHILDREN] = bool(settled.released)
 
 
 def _group_goes_on(message: Message, using: str) -> None:
