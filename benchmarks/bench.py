@@ -125,6 +125,8 @@ def metrics(quick: bool) -> list[Metric]:
     idle = 10 if quick else 30
     steady_args = ["cpu", "--rate", "200", "--concurrency", "16", "--queue", "sleep", "--seconds"]
     spawns = 3 if quick else 5
+    chain = 200 if quick else 1_000
+    fan = 2_000 if quick else 10_000
     return [
         Metric("enqueue_one", f"enqueue, one per transaction ({one:,})", "msg/s", True,
                ["enqueue_one", "--n", str(one)], repeat=True),
@@ -176,9 +178,36 @@ def metrics(quick: bool) -> list[Metric]:
                "ms", False, ["startup_burst", "--n", str(spawns)], repeat=True),
         Metric("startup_first", f"start-up to first message, serving worker ({spawns} spawns)",
                "ms", False, ["startup_first", "--n", str(spawns)], repeat=True),
+        # Workflows (enqueue(..., after=)): no peer has them (n/a).
+        Metric("chain", f"workflow: a chain of {chain:,} no-op steps, 1 worker", "steps/s",
+               True, ["chain", "--n", str(chain)]),
+        Metric("chain_step", "workflow: a chain's step, its start after its parent's, p50",
+               "ms", False, ["chain", "--n", str(chain)], "step_p50_ms"),
+        Metric("fan_in", f"workflow: {fan:,} no-op and one after them all, wall time / "
+               "without it", "x", False, ["fan_in", "--n", str(fan), "--concurrency", "4"],
+               ratios=False),
+        Metric("fan_in_child", "workflow: that child's start after the last parent's", "ms",
+               False, ["fan_in", "--n", str(fan), "--concurrency", "4"],
+               "child_after_last_parent_ms"),
+        Metric("enqueue_fan_in", f"workflow: enqueue one message after {fan:,}", "ms", False,
+               ["enqueue_fan_in", "--n", str(fan)]),
     ]  # fmt: skip
 
 
+WORKFLOW_KEYS = ("chain", "chain_step", "fan_in", "fan_in_child", "enqueue_fan_in")
+WORKFLOWS = (
+    "Workflows (the `chain`, `fan_in` and `enqueue_fan_in` rows; benchmarks/systems/common.py): "
+    "no peer here lets a message wait for others (n/a). A chain: N no-op steps, each "
+    "enqueued `after=` the one before, in one transaction, then one serving worker "
+    "(concurrency 1); steps per second from the first step's start to the last's, and the "
+    "median time from a step's start to its child's (the parent's run, its acknowledgement, "
+    "the release, the claim). Fan-in: N no-op messages and one enqueued after them all, one "
+    "worker at concurrency 4, against the same N without the child (each on a fresh table, "
+    "VACUUM ANALYZE before the worker starts): the wall time from the first start to the last "
+    "(with the child: its start), their ratio, and the child's start after the last parent's. "
+    "Enqueueing a fan-in's child: `enqueue(..., after=<N Messages>)` with the N in the table, "
+    "the median of 5."
+)
 EVERYDAY_KEYS = (
     "cpu_20", "cpu_200", "cpu_1000", "steady_cpu", "steady_p50", "steady_p95", "idle_cpu",
     "startup_burst", "startup_first",
@@ -569,6 +598,7 @@ def main() -> None:
         "first handler start to the last, so process start-up is left out. A median was "
         "measured in rounds over all systems.",
         *(["", EVERYDAY] if any(m.key in EVERYDAY_KEYS for m in mets) else []),
+        *(["", WORKFLOWS] if any(m.key in WORKFLOW_KEYS for m in mets) else []),
         "",
         f"![chart]({name}.png)",
         "",
