@@ -36,6 +36,8 @@ class QueueStats:
     #: Running under a live lease (one whose lease ran out counts as due).
     running: int
     retrying: int
+    #: Workflow steps waiting for their parents (``enqueue(..., after=)``).
+    waiting: int
     #: Failed messages still kept.
     failed: int
     #: Succeeded, and cancelled, in the last hour (``WINDOW_LONG``).
@@ -62,6 +64,7 @@ def queue_stats(queues: list[str] | None = None, using: str | None = None) -> li
             scheduled=f.scheduled,
             running=f.leased,
             retrying=f.retrying,
+            waiting=f.waiting,
             failed=f.failed,
             succeeded=f.succeeded_long,
             cancelled=f.cancelled_long,
@@ -97,6 +100,7 @@ class QueueFigures:
     scheduled: int = 0
     retrying: int = 0
     leased: int = 0
+    waiting: int = 0
     failed: int = 0
     oldest_due: datetime | None = None
     succeeded_short: int = 0
@@ -197,6 +201,7 @@ def _figures(
     message, a failed one kept or one finished in the last hour, and ``shown``."""
     active = rows.depth_by_queue(now)
     failed = rows.failed_by_queue()
+    waiting = rows.waiting_by_queue()
     windows = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
     names = set(active) | set(failed) | set(windows) | set(shown)
     return [
@@ -204,6 +209,7 @@ def _figures(
             queue=name,
             now=now,
             failed=failed.get(name, 0),
+            waiting=waiting.get(name, 0),
             paused=name in paused,
             **active.get(name, {}),
             **windows.get(name, {}),
@@ -215,7 +221,7 @@ def _figures(
 def _totals(figures: list[QueueFigures], now: datetime) -> QueueFigures:
     sums = {
         name: sum(getattr(f, name) for f in figures)
-        for name in (*_ACTIVE_FIELDS, "failed", *_WINDOW_FIELDS)
+        for name in (*_ACTIVE_FIELDS, "failed", "waiting", *_WINDOW_FIELDS)
     }
     dues = [f.oldest_due for f in figures if f.oldest_due is not None]
     return QueueFigures(queue="", now=now, oldest_due=min(dues) if dues else None, **sums)

@@ -11,9 +11,10 @@
 ``actions.py``
     the admin actions and their intermediate pages; each calls a function of
     ``django_delayq.operations``.
-``dashboard.py``, ``triage.py``, ``schedules.py``
+``dashboard.py``, ``triage.py``, ``schedules.py``, ``workflows.py``
     the queue dashboard (with pause/resume), the failures view grouped by
-    error fingerprint, and the cron schedules page.
+    error fingerprint, the cron schedules page, and a message's workflow
+    drawn as a graph.
 ``workers.py``
     ``WorkerStateAdmin``: the workers and their heartbeats (read-only).
 ``entity.py``
@@ -38,5 +39,11 @@ from django_delayq.admin.messages import (
 __all__ = ["EXTRA_URLS", "OBJECT_TOOLS", "MessageAdmin", "QueueAdminMixin", "register_view"]
 
 # Extra admin pages: import the modules that register them here.
-from django_delayq.admin import dashboard, schedules, triage, workers  # noqa: E402, F401
+from django_delayq.admin import (  # noqa: E402, F401
+    dashboard,
+    schedules,
+    triage,
+    workers,
+    workflows,
+)
 from django_delayq.admin.entity import QueueAdminMixin  # noqa: E402

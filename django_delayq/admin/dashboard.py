@@ -86,6 +86,7 @@ def _cells(
         ("due", {"status__in": "pending,running", "next_attempt_time__lte": now}),
         ("scheduled", {"status__exact": "pending", "attempt_count": 0, **later}),
         ("retrying", {"status__exact": "pending", "attempt_count__gt": 0, **later}),
+        ("waiting", {"workflow": "waiting"}),
         ("running", {"status__exact": "running"}),
         ("failed", {"status__exact": "failed"}),
         ("succeeded_short", {"status__exact": "succeeded", **short}),

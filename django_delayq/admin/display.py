@@ -15,7 +15,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import formats, timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -35,9 +35,28 @@ def span(delta: timedelta) -> str:
     return durations.human(delta.total_seconds(), durations.LIST, whole=True)
 
 
+def waits_for_parents(message: Message) -> bool:
+    """A workflow's step that waits for its parents: pending, no due time, parents that
+    have not all let it go."""
+    return (
+        message.status == S.PENDING
+        and message.next_attempt_time is None
+        and bool(getattr(message, "on_parent_failure", ""))
+        and not (
+            message.parents_waiting == 0
+            and (message.parents_failed == 0 or message.on_parent_failure == "run")
+        )
+    )
+
+
 def waits_for_group(message: Message) -> bool:
     """Held behind an earlier message of its group: pending, no due time, a group."""
-    return message.status == S.PENDING and message.next_attempt_time is None and bool(message.group)
+    return (
+        message.status == S.PENDING
+        and message.next_attempt_time is None
+        and bool(message.group)
+        and not waits_for_parents(message)
+    )
 
 
 def describe_due(message: Message, now: datetime | None = None) -> str:
@@ -45,6 +64,8 @@ def describe_due(message: Message, now: datetime | None = None) -> str:
     empty when nothing is due."""
     when = message.next_attempt_time
     if when is None:
+        if waits_for_parents(message):
+            return _("waiting for its parents")
         return _("waiting for its group") if waits_for_group(message) else ""
     delta = when - (now or clock.now())
     if message.status == S.RUNNING:
@@ -87,6 +108,39 @@ def compact_time(value: datetime) -> SafeString:
         formats.date_format(local, "SHORT_DATE_FORMAT"),
         formats.time_format(local, "TIME_FORMAT"),
     )
+
+
+#: The parents and children the change page lists (the workflow page draws them all).
+STEPS_SHOWN = 20
+
+
+def _step_rows(model_admin: admin.ModelAdmin, steps: list[Message]) -> SafeString:
+    """One line per step: its link, its status badge, and its result, cut short."""
+    if not steps:
+        return SafeString(_("none left"))
+    return format_html_join(
+        "",
+        '<div class="dq-step"><a href="{}">#{} {}/{}</a> {} <code>{}</code></div>',
+        (
+            (
+                reverse(
+                    f"{model_admin.admin_site.name}:django_delayq_message_change",
+                    args=[quote(step.pk)],
+                ),
+                step.pk,
+                step.queue,
+                step.key,
+                status_badge(step),
+                _cut(pretty_json(step.result)) if step.result is not None else "",
+            )
+            for step in steps
+        ),
+    )
+
+
+def _cut(text: str, size: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= size else text[: size - 1] + "…"
 
 
 class MessageDisplayAdmin(admin.ModelAdmin):
@@ -204,6 +258,13 @@ class MessageDisplayAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("next attempt"))
     def due_display(self, obj: Message) -> SafeString | str:
+        if waits_for_parents(obj):
+            return format_html(
+                '<span class="dq-held">{}</span> ({})',
+                describe_due(obj),
+                _("once its parents let it go, not before %(time)s")
+                % {"time": local_time(obj.scheduled_time)},
+            )
         if waits_for_group(obj):
             return format_html(
                 '<span class="dq-held">{}</span> ({})',
@@ -215,6 +276,48 @@ class MessageDisplayAdmin(admin.ModelAdmin):
             return self.get_empty_value_display()
         when = local_time(obj.next_attempt_time)
         return format_html("{} ({})", when, describe_due(obj))
+
+    @admin.display(description=gettext_lazy("result"))
+    def result_display(self, obj: Message) -> SafeString | str:
+        if obj.result is None:
+            return self.get_empty_value_display()
+        return format_html(
+            '<pre class="dq-pre">{}</pre>', escape_surrogates(pretty_json(obj.result))
+        )
+
+    @admin.display(description=gettext_lazy("parents"))
+    def parents_display(self, obj: Message) -> SafeString | str:
+        if not obj.on_parent_failure:
+            return self.get_empty_value_display()
+        rows = _step_rows(self, obj.parents())
+        summary = _("on_parent_failure=%(policy)s; %(waiting)s waiting, %(failed)s failed") % {
+            "policy": obj.on_parent_failure,
+            "waiting": obj.parents_waiting,
+            "failed": obj.parents_failed,
+        }
+        return format_html("{}<br><small>{}</small>", rows, summary)
+
+    @admin.display(description=gettext_lazy("children"))
+    def children_display(self, obj: Message) -> SafeString | str:
+        if not obj.has_children:
+            return self.get_empty_value_display()
+        from django_delayq.store.dependencies import children_of
+
+        found = list(children_of(obj).order_by("pk")[: STEPS_SHOWN + 1])
+        more = len(found) > STEPS_SHOWN
+        rows = _step_rows(self, found[:STEPS_SHOWN])
+        if more:
+            return format_html("{}<br><small>{}</small>", rows, _("and more: see the workflow"))
+        return rows
+
+    @admin.display(description=gettext_lazy("workflow"))
+    def workflow_link(self, obj: Message) -> SafeString | str:
+        if not (obj.on_parent_failure or obj.has_children):
+            return self.get_empty_value_display()
+        url = reverse(
+            f"{self.admin_site.name}:django_delayq_message_workflow", args=[quote(obj.pk)]
+        )
+        return format_html('<a href="{}">{}</a>', url, _("Show the workflow as a graph"))
 
     @admin.display(description=gettext_lazy("redelivery"), boolean=True)
     def redelivery(self, obj: Message) -> bool:

@@ -25,6 +25,7 @@ from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.status import Status
 from django_delayq.store import queries
+from django_delayq.store.dependencies import not_waiting
 from django_delayq.store.queries import due_condition, retrying_condition
 
 
@@ -194,6 +195,32 @@ class GroupStateFilter(admin.SimpleListFilter):
             return queryset.blocked_group_heads(continuing_queues())  # type: ignore[attr-defined, no-any-return]
         if self.value() == "held":
             return queryset.waiting_for_group()  # type: ignore[attr-defined, no-any-return]
+        return queryset
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """Workflows: the steps waiting for their parents, every step (a message with
+    parents), and the parents (messages others wait for)."""
+
+    title = gettext_lazy("workflows")
+    parameter_name = "workflow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("waiting", _("Waiting for their parents")),
+            ("steps", _("Steps (enqueued after= others)")),
+            ("parents", _("Parents (others wait for them)")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
+        if self.value() == "waiting":
+            return queryset.filter(
+                status=Message.Status.PENDING, next_attempt_time__isnull=True
+            ).exclude(not_waiting())
+        if self.value() == "steps":
+            return queryset.exclude(on_parent_failure="")
+        if self.value() == "parents":
+            return queryset.filter(has_children=True)
         return queryset
 
 

@@ -56,6 +56,7 @@ from django_delayq.admin.filters import (
     RedeliveredFilter,
     RetryingFilter,
     TicksFilter,
+    WorkflowFilter,
 )
 from django_delayq.admin.forms import KIND_LOCKED, MessageForm
 from django_delayq.admin.payload import UndecodablePayload, load_deep_payload
@@ -141,6 +142,10 @@ TIMELINE = (
 )
 
 
+# A workflow's step: its result, parents and children (shown when it has any).
+WORKFLOW = ("result_display", "parents_display", "children_display", "workflow_link")
+
+
 @admin.register(Message)
 class MessageAdmin(MessageDisplayAdmin):
     form = MessageForm
@@ -164,6 +169,7 @@ class MessageAdmin(MessageDisplayAdmin):
         KindFilter,
         GroupFilter,
         GroupStateFilter,
+        WorkflowFilter,
         RetryingFilter,
         OverdueFilter,
         RedeliveredFilter,
@@ -214,6 +220,7 @@ class MessageAdmin(MessageDisplayAdmin):
         "error_display",
         "traceback_display",
         "payload_display",
+        *WORKFLOW,
     )
 
     class Media:
@@ -222,7 +229,11 @@ class MessageAdmin(MessageDisplayAdmin):
     # -- change page fields ---------------------------------------------------------
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        fieldsets = super().get_fieldsets(request, obj)
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and (
+            obj.on_parent_failure or obj.has_children or obj.result is not None
+        ):
+            fieldsets.insert(2, (gettext_lazy("Workflow"), {"fields": WORKFLOW}))
         undecodable = obj is not None and isinstance(obj.payload, UndecodablePayload)
         if self.has_change_permission(request, obj) and not undecodable:
             return fieldsets

@@ -255,6 +255,18 @@ class MessageQuerySet(QueueQuerySet[Any]):
         )
         return {row.pop("queue"): row for row in rows}
 
+    def waiting_by_queue(self) -> dict[str, int]:
+        """Workflow steps waiting for their parents, per queue: the held rows (pending,
+        no due time: a range of ``delayq_due_idx``) that have parents."""
+        rows = (
+            self.filter(status=Status.PENDING, next_attempt_time__isnull=True)
+            .exclude(on_parent_failure="")
+            .values("queue")
+            .order_by()
+            .annotate(n=Count("queue"))
+        )
+        return {row["queue"]: row["n"] for row in rows}
+
     def failed_by_queue(self) -> dict[str, int]:
         """Failed rows still kept, per queue (``delayq_failed_idx``)."""
         rows = (

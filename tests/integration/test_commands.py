@@ -34,14 +34,15 @@ def test_status_prints_counts_and_lag(fake_clock):
         "scheduled",
         "running",
         "retrying",
+        "waiting",
         "failed",
         "succeeded/1h",
         "lag",
         "state",
     ]
     default = next(line.split() for line in lines if line.startswith("default"))
-    assert default[1:7] == ["1", "1", "0", "1", "0", "0"]
-    assert default[7] == "90s"
+    assert default[1:8] == ["1", "1", "0", "1", "0", "0", "0"]
+    assert default[8] == "90s"
     assert any(line.startswith("other") for line in lines)
 
 
@@ -49,7 +50,7 @@ def test_status_marks_queues_that_no_handler_consumes():
     enqueue("default", {})
     enqueue("nobody-reads-this", {})
     lines = run("delayq_status").splitlines()
-    state = {line.split()[0]: line.split(None, 8)[8] for line in lines[2:4]}
+    state = {line.split()[0]: line.split(None, 9)[9] for line in lines[2:4]}
     assert state == {"default": "active", "nobody-reads-this": "active, no handler"}
     assert lines[4] == (
         "no handler: no handler in this project consumes the queue; "

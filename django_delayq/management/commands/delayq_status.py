@@ -24,6 +24,7 @@ COLUMNS = (
     "scheduled",
     "running",
     "retrying",
+    "waiting",
     "failed",
     "succeeded/1h",
     "lag",
@@ -131,6 +132,7 @@ class Command(BaseCommand):
                 s.scheduled,
                 s.running,
                 s.retrying,
+                s.waiting,
                 s.failed,
                 s.succeeded,
                 human(s.lag),
@@ -140,7 +142,7 @@ class Command(BaseCommand):
         ]
         # A paused queue is worth showing even while it holds no message.
         shown = {s.queue for s in stats}
-        rows += [(q, 0, 0, 0, 0, 0, 0, "0s", state(q)) for q in sorted(paused - shown)]
+        rows += [(q, 0, 0, 0, 0, 0, 0, 0, "0s", state(q)) for q in sorted(paused - shown)]
         rows.sort(key=lambda row: row[0])
         if not rows:
             self.stdout.write("no messages")
