@@ -14,11 +14,12 @@ define are exposed beside them:
 * ``delayq_processing_seconds{queue}``: histogram of the time from a
   handler's start to its recorded outcome.
 * ``delayq_queue_depth{queue, state}``: active messages of this worker's
-  queues: ``due`` (waiting to be claimed), ``scheduled`` (due later) and
-  ``running``; ``delayq_queue_lag_seconds{queue}``: how long the oldest due
-  message has waited. Both are sampled every ``METRICS_INTERVAL`` by one
-  grouped query over the active rows (the claim index), and are the same
-  for every worker of a queue: aggregate them with ``max``.
+  queues: ``due`` (waiting to be claimed), ``scheduled`` (due later),
+  ``running`` and ``waiting_for_parents`` (a workflow's steps, ``after=``);
+  ``delayq_queue_lag_seconds{queue}``: how long the oldest due message has
+  waited. Both are sampled every ``METRICS_INTERVAL`` by grouped queries
+  over the active rows (the claim and due indexes), and are the same for
+  every worker of a queue: aggregate them with ``max``.
 * ``delayq_throttled{queue, kind}``: 1 while due messages wait because a
   global limit is reached (the rate's window is full or the cap's running
   messages are at the cap), for the queue's own limits (``kind=""``, 0 for a
@@ -57,7 +58,7 @@ from django_delayq.models import Message
 logger = logging.getLogger("django_delayq.metrics")
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-DEPTH_STATES = ("due", "scheduled", "running")
+DEPTH_STATES = ("due", "scheduled", "running", "waiting_for_parents")
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
@@ -233,17 +234,17 @@ class WorkerMetrics:
         """Read depth and lag of this worker's queues (one grouped query on active
         rows), then their flow control."""
         now = clock.now()
+        messages = Message.objects.using(self.using).in_queues(self.queues)
+        waiting = messages.waiting_by_queue()
         rows = {
             queue: {
                 "due": row["due"],
                 "scheduled": row["scheduled"] + row["retrying"],
                 "running": row["leased"],
                 "oldest_due": row["oldest_due"],
+                "waiting_for_parents": waiting.get(queue, 0),
             }
-            for queue, row in Message.objects.using(self.using)
-            .in_queues(self.queues)
-            .depth_by_queue(now)
-            .items()
+            for queue, row in messages.depth_by_queue(now).items()
         }
         for queue in self.queues:
             row = rows.get(queue, {})
