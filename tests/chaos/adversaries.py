@@ -20,7 +20,12 @@ worker must survive (each a small class below, :data:`ADVERSARIES`):
   workers' liveness (SQLite only);
 - many ordered groups (100,000 in the full run), lanes with a per-worker and
   a global concurrency cap, and a cron schedule whose ticks come faster than
-  they are handled, so that many are claimed past their grace.
+  they are handled, so that many are claimed past their grace;
+- workflows: fan-ins (a child enqueued ``after=`` many parents, which finish
+  at the same moments on every worker; one parent in four fails, and its
+  child must be cancelled) and chains, through the kills and cuts: no step
+  may start before its parents succeeded, none may stay waiting, none run
+  twice.
 
 The handlers (``tests/testapp/adversary_handlers.py``) record every run in a
 ledger table (message, attempt, worker pid, start, end). When everything has
@@ -83,6 +88,7 @@ QUEUES = (
     "adv-groups",
     "adv-ticks",
     "adv-cb",
+    "adv-flow",
 )
 SQLITE_QUEUES = ("adv-long-atomic",)
 #: A message running longer than this (seconds since its attempt began) has no live
@@ -108,6 +114,10 @@ class Config:
     holds: int = 20  # lock-holding producer transactions (half upserts)
     operations: int = 10  # per operator and action
     long_atomic: int = 4  # SQLite: atomic handlers holding the write lock
+    fan_ins: int = 40  # workflows: children after ``fan`` parents each ...
+    fan: int = 50
+    chains: int = 20  # ... and chains of ``chain`` steps
+    chain: int = 8
     kills: int = 8
     terms: int = 2
     cuts: int = 2
@@ -131,6 +141,10 @@ class Config:
             holds=4,
             operations=2,
             long_atomic=2,
+            fan_ins=6,
+            fan=12,
+            chains=4,
+            chain=5,
             kills=2,
             terms=1,
             cuts=1,
@@ -185,6 +199,7 @@ ADVERSARIES = [
     Adversary("ordered groups"),
     Adversary("lanes"),
     Adversary("cron ticks"),
+    Adversary("workflows"),
 ]
 INVARIANTS = (
     "lost or wrong end",
@@ -196,6 +211,7 @@ INVARIANTS = (
     "ran early",
     "missed tick ran",
     "stuck running",
+    "step before parent",
 )
 
 
@@ -289,6 +305,22 @@ def workload(config: Config, vendor: str) -> list[dict[str, Any]]:
     for g in range(config.groups):
         for v in range(3 if g < config.long_groups else 1):
             add("adv-groups", f"g{g}-{v}", "ordered groups", payload={"v": v}, group=f"g{g}")
+    for f in range(config.fan_ins):
+        failing = f % 4 == 3  # one parent fails for good: its child is cancelled
+        parents = [f"fan{f}-p{p}" for p in range(config.fan)]
+        for p, key in enumerate(parents):
+            if failing and p == 0:
+                add("adv-flow", key, "workflows", payload={"fail": 1, "expect": "failed"},
+                    max_attempts=1, flow=f"fan{f}")  # fmt: skip
+            else:
+                add("adv-flow", key, "workflows", flow=f"fan{f}")
+        expect = "cancelled" if failing else "succeeded"
+        add("adv-flow", f"fan{f}-child", "workflows", payload={"expect": expect},
+            after=parents, flow=f"fan{f}")  # fmt: skip
+    for c in range(config.chains):
+        for s in range(config.chain):
+            after = [f"chain{c}-{s - 1}"] if s else None
+            add("adv-flow", f"chain{c}-{s}", "workflows", after=after, flow=f"chain{c}")
     return items
 
 
@@ -302,8 +334,14 @@ def produce(config: Config) -> None:
     items = workload(config, connection.vendor)
     # Interleave the kinds of work, so every adversary meets the others.
     random.Random(config.seed).shuffle(items)
-    rest = [i for i in items if i["queue"] != "adv-groups"]
+    rest = [i for i in items if i["queue"] not in ("adv-groups", "adv-flow")]
     batches = _in_chunks(rest, 50)
+    # A workflow in one transaction, its parents before their children.
+    flows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for i in workload(config, connection.vendor):
+        if i["queue"] == "adv-flow":
+            flows[i["flow"]].append(i)
+    batches += list(flows.values())
     for v in range(3):
         # A group's messages in their order: every group's first before any second.
         nth = [i for i in items if i["queue"] == "adv-groups" and i["payload"]["v"] == v]
@@ -331,6 +369,7 @@ def produce(config: Config) -> None:
                         key=i["key"],
                         delay=i.get("delay") or None,
                         max_attempts=i.get("max_attempts"),
+                        after=[(i["queue"], k) for k in i.get("after") or ()] or None,
                     )
             Sent.objects.bulk_create(
                 Sent(producer=0, queue=i["queue"], key=i["key"], outcome="sent") for i in batch
@@ -981,6 +1020,28 @@ def check(run: Run, elapsed: float) -> Table:
 
     # async
     table.fired["async"] = sum(1 for r in all_runs if r["queue"] == "adv-async")
+
+    # workflows: no step before its parents succeeded (the run's children are
+    # all on_parent_failure="cancel"), none left waiting (drained), none twice
+    from django_delayq.models import Dependency
+
+    for parent_id, child_id in Dependency.objects.filter(child__queue="adv-flow").values_list(
+        "parent_id", "child_id"
+    ):
+        parent = messages.get(parent_id)
+        done = [r for r in runs.get(parent_id, []) if r["outcome"] == "ok"]
+        for r in runs.get(child_id, []):
+            if parent is None or parent["status"] != "succeeded" or not done:
+                table.violate("workflows", "step before parent", child_id)
+            elif r["started"] < done[-1]["finished"]:
+                table.violate("workflows", "step before parent", child_id)
+    table.fired["workflows"] = sum(
+        1
+        for m in messages.values()
+        if m["queue"] == "adv-flow"
+        and (m["key"].endswith("-child") or "chain" in m["key"])
+        and m["status"] in ("succeeded", "cancelled")
+    )
 
     # cron ticks: claimed past their grace, cancelled, never run
     grace = timedelta(seconds=TICK_GRACE)

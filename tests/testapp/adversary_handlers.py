@@ -258,6 +258,12 @@ def group_handler(message: Any) -> None:
     _end(run, "ok")
 
 
+@handler("adv-flow", max_attempts=ATTEMPTS, retry=QUICK_RETRY)
+def flow_handler(message: Any) -> None:
+    """A workflow's step (a fan-in's parent or child, a chain's link)."""
+    _recorded(message)
+
+
 @handler("adv-ticks", global_concurrency=1, max_attempts=ATTEMPTS, retry=QUICK_RETRY)
 def tick_handler(message: Any) -> None:
     """The cron adversary's ticks: slower than they come, so many are claimed late."""
