@@ -52,7 +52,7 @@ def test_status_command_shows_paused_queues_even_without_messages():
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert rows["default"][-1] == "paused"
     # No handler of the suite consumes "idle": the state says so.
-    assert rows["idle"][1:] == ["0", "0", "0", "0", "0", "0", "0s", "paused,", "no", "handler"]
+    assert rows["idle"][1:] == ["0", "0", "0", "0", "0", "0", "0", "0s", "paused,", "no", "handler"]
     resume_queue("default")
     out = StringIO()
     call_command("delayq_status", stdout=out)
