@@ -368,7 +368,7 @@ def fmt(value: float | None, unit: str) -> str:
         return "n/a"
     if unit == "ms" or unit == "MiB":
         return f"{value:,.1f}"
-    if unit == "CPU ms/msg" or unit == "% of a core":
+    if unit in ("CPU ms/msg", "% of a core", "x"):
         return f"{value:,.2f}"
     return f"{value:,.0f}"
 
