@@ -10,12 +10,11 @@ message until it has finished, at a growing interval (10 ms to
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
-
-from django.db import connections
 
 from django_delayq.exceptions import MessageFailed
 from django_delayq.models import PARENT_FAILURE_POLICIES, Message
@@ -133,9 +132,11 @@ def _ended(message: Message) -> tuple[bool, Any]:
 
 
 def _gone(message: Message) -> Message:
-    message.status = "deleted"  # type: ignore[assignment]
-    message.last_error = message.last_error or "the message was deleted"
-    return message
+    """A copy of ``message`` that says it was deleted (for :class:`MessageFailed`)."""
+    gone = copy.copy(message)
+    gone.status = "deleted"  # type: ignore[assignment]
+    gone.last_error = "the message was deleted"
+    return gone
 
 
 def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
@@ -143,9 +144,13 @@ def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
 
     Raises :class:`MessageFailed` if it ends failed or cancelled (or is
     deleted), ``TimeoutError`` if it has not finished after ``timeout``
-    seconds (None: no limit). Reads in autocommit: called inside
-    ``transaction.atomic()`` it would never see the outcome commit, so it
-    refuses to.
+    seconds (None: no limit).
+
+    Inside ``transaction.atomic()`` it sees what other transactions commit
+    on PostgreSQL and MariaDB/MySQL (each read is a statement of its own),
+    not on SQLite (a transaction reads one snapshot); and a message enqueued
+    in the same, still open, transaction cannot run before it commits: such
+    a wait can only time out.
 
     Waiting holds a thread and a database connection: in a web request it
     is a way to make the request as slow as the queue. Use it in scripts,
@@ -153,12 +158,6 @@ def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
     """
     row = _row(message)
     seconds = _seconds(timeout)
-    alias = row._state.db or "default"
-    if connections[alias].in_atomic_block:
-        raise RuntimeError(
-            "wait() inside transaction.atomic() would never see the message finish "
-            "(its outcome commits in another transaction)"
-        )
     deadline = None if seconds is None else time.monotonic() + seconds
     interval = 0.01
     while True:

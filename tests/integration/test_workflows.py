@@ -263,10 +263,25 @@ def test_wait_times_out():
         wait(result, timeout=0.05)
 
 
-def test_wait_refuses_inside_a_transaction():
-    result = enqueue("steps", {})
-    with transaction.atomic(), pytest.raises(RuntimeError, match="atomic"):
-        wait(result, timeout=1)
+def test_wait_inside_a_transaction_returns_what_it_ran_or_times_out():
+    from django_delayq.testing import run_pending
+
+    with transaction.atomic():
+        result = enqueue("steps", {"returns": 3})
+        # Nothing can run it before this transaction commits...
+        with pytest.raises(TimeoutError):
+            wait(result, timeout=0.05)
+        # ... but what this transaction ran (the testing helpers) is seen.
+        run_pending("steps")
+        assert wait(result, timeout=0.05) == 3
+
+
+def test_wait_for_a_deleted_message_raises_and_leaves_the_callers_row_alone():
+    message = enqueue("steps", {}).message
+    Message.objects.filter(pk=message.pk).delete()
+    with pytest.raises(MessageFailed, match="deleted"):
+        wait(message, timeout=1)
+    assert message.status == "pending"
 
 
 def test_await_result_is_the_async_twin(serving_worker):
