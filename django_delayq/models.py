@@ -296,13 +296,16 @@ class Message(QueueColumns):
         """The parents' results (``Message.result``), in the order of ``after=``.
 
         Read once per instance: a handler reading it twice costs one query.
-        A parent that did not succeed (``on_parent_failure="run"``) gives None.
+        A parent that did not succeed (``on_parent_failure="run"``), or whose
+        row is gone (archived), gives None.
         """
         cached = self.__dict__.get("_parent_results")
         if cached is None:
+            from django_delayq.store.dependencies import parents_by_place
+
             cached = self.__dict__["_parent_results"] = [
-                parent.result if parent.status == Status.SUCCEEDED else None
-                for parent in self.parents()
+                parent.result if parent is not None and parent.status == Status.SUCCEEDED else None
+                for parent in parents_by_place(self)
             ]
         return list(cached)
 

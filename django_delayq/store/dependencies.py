@@ -102,7 +102,11 @@ def attach(children: Sequence[int], parents: Sequence[int], policy: str, *, usin
         batch_size=IN_BATCH,
     )
     for chunk in batches(list(parents)):
-        rows.filter(pk__in=chunk, has_children=False).update(has_children=True)
+        # updated_at too: the Spark archive deletes only rows still at the
+        # version it read, and a parent that now has children must stay.
+        rows.filter(pk__in=chunk, has_children=False).update(
+            has_children=True, updated_at=clock.sql_now()
+        )
     settle(children=children, using=using)
 
 
@@ -496,7 +500,13 @@ def waiting(message: Message) -> bool:
 
 
 def parents_of(message: Message) -> list[Message]:
-    """``message``'s parents, in the order of its ``after=``."""
+    """``message``'s parents, in the order of its ``after=`` (those whose row is gone left
+    out)."""
+    return [parent for parent in parents_by_place(message) if parent is not None]
+
+
+def parents_by_place(message: Message) -> list[Message | None]:
+    """``message``'s parents, one per place of its ``after=``: None where the row is gone."""
     alias = message._state.db or db_alias(None)
     order = list(
         Dependency.objects.using(alias)
@@ -505,7 +515,7 @@ def parents_of(message: Message) -> list[Message]:
         .values_list("parent_id", flat=True)
     )
     found = Message._base_manager.using(alias).in_bulk(order)
-    return [found[pk] for pk in order if pk in found]
+    return [found.get(pk) for pk in order]
 
 
 def children_of(message: Message) -> QuerySet[Message]:

@@ -370,3 +370,30 @@ def test_a_lost_lock_stops_the_run_before_it_deletes(
     assert [r["id"] for r in read_archive(dest)] == old
     assert not table_ids() & set(old)
     assert summary.recovered_runs == (0 if stage == "verified" else 1)
+
+
+def test_the_archive_leaves_a_parent_whose_children_still_wait() -> None:
+    """Its selection (the JDBC query's WHERE, and the dry run's) keeps a workflow's
+    parent while a child that reads its result may still run, as pruning does."""
+    from django_delayq import enqueue
+
+    old = timezone.now() - timedelta(days=3)
+    parent = finished("mail", "parent", finished_at=old)
+    done_parent = finished("mail", "done-parent", finished_at=old)
+    lone = finished("mail", "lone", finished_at=old)
+    enqueue("mail", {}, key="child", after=[parent], on_parent_failure="wait", delay=3600)
+    child = enqueue("mail", {}, key="done-child", after=[done_parent]).message
+    Message.objects.filter(pk=child.pk).update(status="succeeded", finished_at=old)
+    options = archive_job.validate_options(
+        archive_job.ArchiveOptions(dest="/tmp/unused", older_than=86400, queues=("mail",))
+    )
+    cutoff = archive_job.cutoff_for(options)
+    where = archive_job._where_sql(options, cutoff)
+    table = connection.ops.quote_name(Message._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE {where}")
+        selected = {row[0] for row in cursor.fetchall()}
+    assert parent.pk not in selected
+    assert {done_parent.pk, lone.pk, child.pk} <= selected
+    dry = set(archive_job._selection(options, cutoff).values_list("pk", flat=True))
+    assert dry == selected

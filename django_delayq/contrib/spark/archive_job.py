@@ -58,8 +58,9 @@ from django_delayq.contrib.spark import (
 )
 from django_delayq.contrib.spark.storage import Storage
 from django_delayq.exceptions import DelayQError
-from django_delayq.models import Message
+from django_delayq.models import Dependency, Message
 from django_delayq.registry import validate_queue_name
+from django_delayq.store.dependencies import needed
 from django_delayq.store.features import features
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def cutoff_for(options: ArchiveOptions) -> datetime:
 
 def _selection(options: ArchiveOptions, cutoff: datetime) -> Any:
     alias = str(options.database)
-    return (
+    return needed(
         Message.objects.using(alias)
         .filter(status__in=list(options.statuses), finished_at__lt=cutoff)
         .in_queues(list(options.queues))
@@ -161,6 +162,15 @@ def _where_sql(options: ArchiveOptions, cutoff: datetime) -> str:
     ]
     if options.queues:
         parts.append(f"{qn('queue')} IN ({', '.join(literal(q) for q in options.queues)})")
+    # A workflow's parent stays while a child that needs it may still run
+    # (store.dependencies.needed, as pruning keeps it).
+    table = qn(Message._meta.db_table)
+    parts.append(
+        f"NOT ({qn('has_children')} AND EXISTS (SELECT 1 FROM {qn(Dependency._meta.db_table)} d"
+        f" JOIN {table} c ON c.{qn('id')} = d.{qn('child_id')}"
+        f" WHERE d.{qn('parent_id')} = {table}.{qn('id')}"
+        f" AND c.{qn('status')} IN ('pending', 'running')))"
+    )
     return " AND ".join(parts)
 
 
