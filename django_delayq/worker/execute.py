@@ -188,6 +188,10 @@ def _past_time_limit(item: InFlight) -> timedelta | None:
     return limit if time.monotonic() - started > limit.total_seconds() else None
 
 
+def _limit_seconds(item: InFlight) -> float:
+    return item.time_limit.total_seconds() if item.time_limit is not None else 0.0
+
+
 def _swallowed(using: str) -> bool:
     """Whether the open transaction on ``using`` met a database error it cannot go past."""
     connection = connections[using]
@@ -265,6 +269,18 @@ def execute(
     try:
         if spec.atomic:
             with transaction.atomic(using=using):
+                if held is not None and _past_time_limit(held.item) is not None:
+                    # Its transaction began past the time limit (on SQLite
+                    # BEGIN IMMEDIATE waits for the database's write lock,
+                    # held by another long transaction): the handler must not
+                    # start at all, beside the retry the keeper may have
+                    # started already.
+                    if not held.returned():
+                        raise _LeaseLost
+                    raise TimeLimitExceeded(
+                        "the handler's transaction began after its time limit of "
+                        f"{_limit_seconds(held.item):g} s"
+                    )
                 returned = result_of(call_handler(spec, message))
                 over = _past_time_limit(held.item) if held is not None else None
                 if held is not None and not held.returned():

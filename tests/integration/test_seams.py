@@ -22,7 +22,7 @@ from django_delayq import enqueue, enqueue_many, signals
 from django_delayq.models import Message
 from django_delayq.store import claim, leases, settle
 from django_delayq.worker import Worker
-from django_delayq.worker.execute import Result
+from django_delayq.worker.execute import Result, execute
 from tests.conftest import finishes_within, wait_for
 from tests.testapp.handlers import RUNS, gate
 from tests.testapp.models import Effect, Execution
@@ -373,6 +373,36 @@ def test_an_atomic_handler_past_its_time_limit_commits_nothing_whoever_sees_it_f
     assert "TimeLimitExceeded" in late.last_error
     assert not Effect.objects.filter(message_id=late.pk).exists()  # rolled back
     assert RUNS[late.pk] == 1
+
+
+def test_an_atomic_handler_whose_transaction_began_past_its_time_limit_never_starts():
+    """On SQLite an atomic handler's BEGIN IMMEDIATE waits for the database's write
+    lock; held by a long transaction (the adversary run's sqlite-long-atomic), it
+    came after the time limit, the keeper had failed the attempt and a retry ran,
+    and the late handler then started beside it (the adversary run's "rerun w/o
+    cause" of an atomic-time-limit message). It must not start at all."""
+    import time
+
+    from django_delayq.worker.inflight import Book, InFlight, Lane, Phase
+    from django_delayq.worker.runner import _Held
+
+    RUNS.clear()
+    late = enqueue("atomic-limited", {}).message  # time_limit=0.5
+    batch = claim.claim(["atomic-limited"], 1, worker="w", lease=timedelta(minutes=5))
+    lane = Lane(["atomic-limited"], 1)
+    book = Book([lane])
+    item = InFlight(batch.messages[0], batch.token, lane, timedelta(minutes=5))
+    item.time_limit = timedelta(seconds=0.5)
+    book.add([item])
+    assert book.take() is item
+    assert item.phase is Phase.RUNNING
+    item.started_at = time.monotonic() - 1.0  # its BEGIN waited a second
+    result = execute(batch.messages[0], batch.token, using="default", held=_Held(item, None, book))
+    assert RUNS.get(late.pk, 0) == 0, "the late handler ran"
+    assert result is Result.RETRYING or result is Result.FAILED
+    late.refresh_from_db()
+    assert "time limit" in late.last_error
+    assert not Effect.objects.filter(message_id=late.pk).exists()
 
 
 # -- SQLite: one write lock for the whole database ------------------------------------
