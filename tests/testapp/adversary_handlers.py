@@ -9,8 +9,10 @@ not be written reads as a run that went on until its worker was killed.
 
 Payload knobs: ``sleep`` (seconds, every attempt), ``sleep_first``
 (seconds, first attempt only), ``raise`` (an exception class name, see
-:data:`EXCEPTIONS`, raised once: by the first attempt that gets there), ``fail`` (raise on attempts
-<= fail), ``v`` (a version number, recorded), ``mode`` of the atomic handler.
+:data:`EXCEPTIONS`, raised once: by the first attempt that gets there),
+``fail`` (raise on attempts <= fail), ``fail_once`` (raise on the first run,
+whichever attempt it is), ``v`` (a version number, recorded), ``mode`` of the
+atomic handler.
 
 The receivers and the policy raise only for messages of ``adv-cb`` whose
 payload asks them to (``where``, ``exc``), and the receivers are connected
@@ -46,6 +48,8 @@ EXCEPTIONS: dict[str, type[BaseException]] = {
 }
 #: The callbacks the ``callbacks`` adversary makes raise (payload ``where``).
 CALLBACKS = ("handler", "async-handler", "started", "succeeded", "retried", "failed", "policy")
+#: The ``Raised`` row of a message's planned failure (``fail_once``): its first run fails.
+PLANNED_FAILURE = "planned failure"
 #: The atomic handler's time limit (``mode="outlive"`` sleeps past it on its first attempt).
 ATOMIC_TIME_LIMIT = 1.0
 ATTEMPTS = 50  # workers are killed on purpose: a crash spends the attempt it interrupts
@@ -152,7 +156,10 @@ def _body(message: Any) -> None:
         time.sleep(sleep)
     if payload.get("raise") and _first_time(message.pk, "handler", payload["raise"]):
         raise EXCEPTIONS[payload["raise"]](f"raised by the handler of message {message.pk}")
-    if message.attempt_count <= int(payload.get("fail", 0)):
+    failing = message.attempt_count <= int(payload.get("fail", 0)) or (
+        payload.get("fail_once") and _first_time(message.pk, PLANNED_FAILURE, "Planned")
+    )
+    if failing:
         raise Planned(f"policy:{message.pk}" if payload.get("where") == "policy" else "planned")
 
 
