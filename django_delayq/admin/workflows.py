@@ -26,6 +26,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from django_delayq import operations
+from django_delayq.admin.display import waits_for_parents
 from django_delayq.admin.messages import register_view
 from django_delayq.models import Dependency, Message
 
@@ -56,12 +57,7 @@ class Step:
 
     @property
     def waiting(self) -> bool:
-        m = self.message
-        return (
-            m.status == Message.Status.PENDING
-            and m.next_attempt_time is None
-            and bool(m.on_parent_failure)
-        )
+        return waits_for_parents(self.message)
 
 
 def workflow_of(message: Message, limit: int = MAX_NODES) -> tuple[dict[int, Step], list[Any]]:
