@@ -456,6 +456,7 @@ def hold(config: Config) -> None:
 def operate(config: Config, offset: float) -> None:
     """An operator on a host whose clock is ``offset`` seconds off: every clock read
     of this process (``timezone.now``, ``django_delayq.clock.now``) is shifted."""
+    from django.db import transaction
     from django.utils import timezone
 
     from django_delayq import clock, operations
@@ -477,6 +478,14 @@ def operate(config: Config, offset: float) -> None:
         )
 
         def once() -> None:
+            # The operation and its record in one transaction: a connection cut
+            # after the operation's commit but before the record's made the
+            # retry operate again on a message the first call had changed
+            # (a reschedule to "now" it had already run: "lost or wrong end").
+            with transaction.atomic():
+                record()
+
+        def record() -> None:
             message_id = rows.values_list("pk", flat=True).get()
             at = real_now()
             result = apply(rows)
