@@ -150,6 +150,10 @@ class WorkerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
+            # A group of its own, killed whole by stop(): a --reload watcher's
+            # worker outlives a SIGKILL of the watcher, and would go on taking
+            # the next test's messages from the same test database.
+            start_new_session=True,
         )
         self._output: str | None = None
 
@@ -191,9 +195,11 @@ class WorkerProcess:
         return self._output
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is gone: the worker and anything it started have exited
+        self.proc.wait(timeout=30)
         self.output  # noqa: B018 - read and close the log
 
 

@@ -13,6 +13,13 @@ lease, time limit, retries, signals and metrics are those of any message.
 Past its time limit the coroutine is cancelled (``asyncio.CancelledError``
 at its current ``await``), which a thread could never be.
 
+A ``KeyboardInterrupt`` or ``SystemExit`` raised by a handler ends its own
+attempt, as it does a plain handler's, and nothing else: asyncio would let it
+out of ``run_forever`` and stop the loop under every other coroutine on it, so
+it is carried to the handler's executor thread and raised there. The loop can
+still die (a callback or a task of the handler's own raising one): it then
+cancels and ends every task it had, and the supervisor starts it again.
+
 Django's async ORM calls (``aget``, ``acreate``...) run as Django runs them
 outside a request: on asgiref's single thread for sync code, with its own
 connection, which the loop closes when it stops.
@@ -98,9 +105,14 @@ class EventLoop:
                     self._live = None
                     self._ready.clear()
             try:
-                _end_tasks(loop)
-                loop.run_until_complete(_close_connections())
-                _end_tasks(loop)
+                escaped = _end_tasks(loop)
+                try:
+                    loop.run_until_complete(_close_connections())
+                except BaseException as exc:
+                    escaped = escaped or exc
+                escaped = _end_tasks(loop) or escaped
+                if escaped is not None and died is None and not self._stopping:
+                    died = escaped
             finally:
                 loop.close()
                 for future, coroutines in list(futures.items()):
@@ -138,23 +150,44 @@ class EventLoop:
             self.thread.join(timeout)
 
 
-def _end_tasks(loop: asyncio.AbstractEventLoop) -> None:
+def _end_tasks(loop: asyncio.AbstractEventLoop) -> BaseException | None:
     """Cancel every task of the stopped ``loop`` and let each end, including those of
     coroutines handed over while it stopped (their tasks start only at the loop's
-    next turns): a task left pending when the loop closes is never ended."""
+    next turns): a task left pending when the loop closes is never ended.
+
+    A task may raise ``SystemExit`` or ``KeyboardInterrupt`` as it ends (one the
+    handler started itself, outside :func:`_awaited`): asyncio lets it out of
+    ``run_until_complete`` before the other tasks' turns, so the rounds go on
+    until none is left, and the first such exception is returned."""
+    escaped: BaseException | None = None
     for _ in range(100):
-        loop.run_until_complete(asyncio.sleep(0))  # start what was handed over meanwhile
-        pending = asyncio.all_tasks(loop)
-        if not pending:
-            return
-        for task in pending:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        try:
+            loop.run_until_complete(asyncio.sleep(0))  # start what was handed over meanwhile
+            pending = asyncio.all_tasks(loop)
+            if not pending:
+                return escaped
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        except (KeyboardInterrupt, SystemExit) as exc:
+            escaped = escaped or exc
+    return escaped
+
+
+class _Escaped(Exception):
+    """Carries a handler's ``KeyboardInterrupt`` or ``SystemExit`` off the loop, to be
+    raised again in its executor thread (:func:`run`)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
 
 
 async def _awaited(coroutine: Coroutine[Any, Any, Any]) -> Any:
     try:
         return await coroutine
+    except (KeyboardInterrupt, SystemExit) as exc:
+        raise _Escaped(exc) from None
     except Exception:
         # The handler's async ORM calls ran on asgiref's thread, whose
         # connection no outcome write uses (those run on the executor's
@@ -206,7 +239,10 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
         # asgiref's bridge, as Django calls async code from sync code: the
         # coroutine's sync calls (the async ORM's) come back to this thread, on
         # its connection, so a test's uncommitted rows are seen.
-        return async_to_sync(_awaited)(coroutine)
+        try:
+            return async_to_sync(_awaited)(coroutine)
+        except _Escaped as carried:
+            raise carried.error from None
     future = loop.submit(coroutine)
     item = getattr(_local, "item", None)
     if item is not None:
@@ -215,6 +251,8 @@ def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
         return future.result()
     except concurrent.futures.CancelledError:
         raise asyncio.CancelledError("cancelled on the worker's event loop") from None
+    except _Escaped as carried:
+        raise carried.error from None
     finally:
         if item is not None:
             item.cancel = None

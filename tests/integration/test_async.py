@@ -73,6 +73,30 @@ def test_async_handlers_run_together_on_one_loop_beyond_the_workers_threads():
     assert Effect.objects.count() == len(results)
 
 
+@pytest.mark.parametrize("escape", ["SystemExit", "KeyboardInterrupt"])
+def test_an_async_handlers_system_exit_fails_its_own_attempt_not_the_others_on_the_loop(escape):
+    """asyncio lets ``SystemExit`` and ``KeyboardInterrupt`` out of the loop: one
+    handler raising either stopped the worker's event loop, and every other
+    coroutine on it was cancelled mid-attempt (a failed attempt each, and a
+    "coroutine was never awaited" from the loop's shutdown). It must end that
+    handler's attempt only, as it does a plain handler's."""
+    bystanders = [m.message for m in enqueue_many("async", [{"meet": 3}] * 2)]
+    escaping = enqueue("async", {"meet": 3, "escape": escape}).message
+    worker = Worker(["async"], burst=True, concurrency=1)
+    stats = finishes_within(60, worker.run)
+    for bystander in bystanders:
+        bystander.refresh_from_db()
+        assert (bystander.status, bystander.attempt_count, bystander.last_error) == (
+            "succeeded",
+            1,
+            "",
+        )
+    escaping.refresh_from_db()
+    assert (escaping.status, escaping.attempt_count) == ("pending", 1)  # retried later
+    assert escape in escaping.last_error
+    assert (stats[Result.SUCCEEDED], stats[Result.RETRYING]) == (2, 1)
+
+
 def test_past_its_time_limit_an_async_handlers_coroutine_is_cancelled(serving_worker):
     message = enqueue("async-limited", {}).message
     serving_worker(["async-limited"])

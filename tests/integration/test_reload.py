@@ -62,6 +62,11 @@ def test_a_changed_file_reloads_the_worker_after_its_handlers_finish(
     env = {
         "PYTHONPATH": f"{tmp_path}{os.pathsep}{worker_env['PYTHONPATH']}",
         "DELAYQ_TEST_IMPORT": "reload_probe",
+        # The module is compiled from its source each time: a cached .pyc is
+        # checked by the source's size and whole-second mtime, and the saves
+        # below (same size, times moved ahead) can match a stale one, starting
+        # a worker on "VERSION = 2" when the file says "VERSION = (".
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
     parent = spawn_worker("--reload", "--queue", "default", env=env)
     pids: set[int] = set()

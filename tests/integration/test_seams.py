@@ -479,8 +479,9 @@ def test_an_interface_error_is_a_lost_connection_not_a_crash(
 
 
 def test_a_coroutine_handed_to_a_dying_event_loop_is_never_left_waiting(monkeypatch):
-    """An ``async def`` handler that raises ``KeyboardInterrupt`` or ``SystemExit``
-    kills the worker's event loop thread (asyncio lets them out of ``run_forever``).
+    """A ``KeyboardInterrupt`` or ``SystemExit`` raised on the loop outside a
+    handler's attempt (a callback, a task the handler started) kills the worker's
+    event loop thread (asyncio lets them out of ``run_forever``).
     A coroutine an executor hands to that loop while it shuts down (cancelling its
     tasks, closing its connections) was scheduled on a loop that then closed with
     it pending: the executor waited for its result for ever, and the message
@@ -511,14 +512,14 @@ def test_a_coroutine_handed_to_a_dying_event_loop_is_never_left_waiting(monkeypa
     loop = aio.EventLoop(supervisor)  # type: ignore[arg-type]
     loop.start()
 
-    async def killer():
-        raise KeyboardInterrupt("raised by a handler")
+    def killer():
+        raise KeyboardInterrupt("raised by a callback on the loop")
 
     async def victim():
         await asyncio.sleep(0.2)
         return "ran"
 
-    loop.submit(killer())
+    loop.loop.call_soon_threadsafe(killer)
     assert closing.wait(10)
     try:
         future = loop.submit(victim())
@@ -581,13 +582,13 @@ def test_a_coroutine_handed_over_as_the_event_loop_dies_is_ended_not_left_unawai
     loop._state = Gate(loop._state)  # type: ignore[assignment]
     loop.start()
 
-    async def killer():
+    def killer():
         died.set()
-        raise KeyboardInterrupt("raised by a handler")
+        raise KeyboardInterrupt("raised by a callback on the loop")
 
     with warnings.catch_warnings(record=True) as seen, caplog.at_level("ERROR", "asyncio"):
         warnings.simplefilter("always")
-        loop.submit(killer())
+        loop.loop.call_soon_threadsafe(killer)
         wait_for(lambda: handed, message="a coroutine handed over as the loop died")
         done, _ = finishes_within(10, lambda: concurrent.futures.wait(handed, timeout=10))
         assert done, "the coroutine's future never ended: its executor would wait for ever"
@@ -597,6 +598,74 @@ def test_a_coroutine_handed_over_as_the_event_loop_dies_is_ended_not_left_unawai
     never = [str(w.message) for w in seen if "never awaited" in str(w.message)]
     assert never == []
     assert "destroyed but it is pending" not in caplog.text
+    loop.stop()
+
+
+def test_a_task_that_raises_system_exit_as_the_dying_loop_ends_it_leaves_nothing_unended(caplog):
+    """The dying loop cancels and ends its tasks; one the handler started itself
+    (outside the attempt's wrapper) may raise ``SystemExit`` as it is cancelled.
+    asyncio lets that out of the loop's run before the other tasks' turns: the
+    end of the loop stopped there, the tasks still pending were destroyed with
+    it ("coroutine 'sleep' was never awaited" in the adversary run), and the
+    supervisor was never told that the loop died. Every task must end, and the
+    death be reported."""
+    import asyncio
+    import gc
+    import threading
+    import warnings
+
+    from django_delayq.worker import aio
+
+    class Supervisor:
+        restarts: list = []
+
+        def died(self, part, error, restart, thread=None):
+            self.restarts.append((error, restart))
+
+    supervisor = Supervisor()
+    loop = aio.EventLoop(supervisor)  # type: ignore[arg-type]
+    loop.start()
+    started = threading.Event()
+
+    async def stubborn():
+        try:
+            started.set()
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise SystemExit("raised by a task as it was cancelled") from None
+
+    async def bystander():
+        await asyncio.sleep(60)
+
+    async def handler():
+        for _ in range(3):
+            asyncio.get_running_loop().create_task(stubborn())
+        asyncio.get_running_loop().create_task(bystander())
+        await asyncio.sleep(60)
+
+    def killer():
+        raise KeyboardInterrupt("raised by a callback on the loop")
+
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level("ERROR", "asyncio"):
+        warnings.simplefilter("always")
+        future = loop.submit(handler())
+        assert started.wait(10)
+        loop.loop.call_soon_threadsafe(killer)
+        wait_for(lambda: supervisor.restarts, message="the loop's death reported")
+        assert future.cancelled()
+        loop.thread.join(10)
+        gc.collect()
+    never = [str(w.message) for w in seen if "never awaited" in str(w.message)]
+    assert never == []
+    assert "destroyed but it is pending" not in caplog.text
+    error, restart = supervisor.restarts[0]
+    assert isinstance(error, KeyboardInterrupt)
+    finishes_within(10, restart)
+
+    async def after():
+        return "ran"
+
+    assert finishes_within(10, lambda: loop.submit(after()).result(10)) == "ran"
     loop.stop()
 
 

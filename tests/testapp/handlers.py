@@ -311,7 +311,8 @@ ASYNC: dict = {}
 async def async_handler(message):
     """Writes an Effect through the async ORM. Payload: ``meet`` (wait until that
     many run at once), ``fail`` (raise on attempts <= fail), ``retry_in``,
-    ``discard``."""
+    ``discard``, ``escape`` (raise that BaseException on the first attempt, once
+    the meeting is over)."""
     payload = message.payload
     ASYNC.setdefault("threads", set()).add(threading.get_ident())
     ASYNC["active"] = ASYNC.get("active", 0) + 1
@@ -322,6 +323,10 @@ async def async_handler(message):
             if ASYNC["active"] >= payload["meet"]:
                 met.set()
             await asyncio.wait_for(met.wait(), 30)
+        if payload.get("escape") and message.attempt_count == 1:
+            raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[
+                payload["escape"]
+            ]("raised by an async handler")
         await Effect.objects.acreate(message_id=message.pk, value="async")
         if payload.get("retry_in") is not None and message.attempt_count == 1:
             raise Retry(delay=payload["retry_in"], reason="asked to")
