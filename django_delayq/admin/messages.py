@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
@@ -324,6 +324,27 @@ class MessageAdmin(MessageDisplayAdmin):
         if obj is not None and operations.holds_lease(obj):
             return False  # a worker holds it: deleting would pull it from under the worker
         return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        """The change page's Delete goes the way of the list's delete action
+        (:func:`operations.delete`): the message's workflow edges go with it and
+        the children that waited for it are decided, and a message a worker
+        claimed since the confirmation page was drawn is left alone."""
+        result = operations.delete(Message.objects.filter(pk=obj.pk))
+        if not result.changed:
+            request._delayq_not_deleted = result  # type: ignore[attr-defined]
+
+    def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
+        result = getattr(request, "_delayq_not_deleted", None)
+        if result is None:
+            return super().response_delete(request, obj_display, obj_id)
+        why = "; ".join(operations.REASONS.get(k, k) for k in result.skipped) or "it is gone"
+        self.message_user(request, f"“{obj_display}” was not deleted: {why}.", messages.WARNING)
+        return HttpResponseRedirect(
+            reverse("admin:django_delayq_message_change", args=[obj_id])
+            if Message.objects.filter(pk=obj_id).exists()
+            else reverse("admin:django_delayq_message_changelist")
+        )
 
     # -- changelist -------------------------------------------------------------------
 

@@ -106,3 +106,55 @@ def test_a_viewer_sees_the_page_but_cannot_press_its_buttons(order):
 
 def test_an_unknown_message_is_404(admin_client):
     assert admin_client.get(workflow_url(999_999)).status_code == 404
+
+
+def test_deleting_a_parent_from_its_change_page_lets_its_children_go(admin_client):
+    """The change page's Delete deleted the row alone (Django's ``obj.delete()``):
+    its edges stayed, and its children waited for a parent that was gone, for good.
+    It goes the way of the list's delete action."""
+    from django_delayq.models import Dependency
+
+    parent = enqueue("steps", {}).message
+    child = enqueue("steps", {}, after=[parent]).message
+    delete_url = reverse("admin:django_delayq_message_delete", args=[parent.pk])
+    response = admin_client.post(delete_url, {"post": "yes"})
+    assert response.status_code == 302
+    assert not Message.objects.filter(pk=parent.pk).exists()
+    assert not Dependency.objects.filter(child_id=child.pk).exists()
+    child.refresh_from_db()
+    assert child.next_attempt_time is not None  # no parent left to wait for
+    run_pending("steps")
+    assert Message.objects.get(pk=child.pk).status == "succeeded"
+
+
+def test_a_message_claimed_after_its_delete_page_was_drawn_is_not_deleted(admin_client):
+    from datetime import timedelta
+
+    from django_delayq.store import claim
+
+    message = enqueue("steps", {}).message
+    delete_url = reverse("admin:django_delayq_message_delete", args=[message.pk])
+    assert admin_client.get(delete_url).status_code == 200
+    claim.claim(["steps"], 1, worker="w", lease=timedelta(minutes=5))
+    assert admin_client.post(delete_url, {"post": "yes"}).status_code == 403
+    assert Message.objects.filter(pk=message.pk, status="running").exists()
+
+
+def test_a_message_claimed_as_its_delete_is_confirmed_is_left_alone_and_said_so(
+    admin_client, monkeypatch
+):
+    """A worker claims it between the page's permission check and the delete: the
+    DELETE spares it, and the operator is told why instead of "deleted"."""
+    from datetime import timedelta
+
+    from django_delayq import operations
+    from django_delayq.store import claim
+
+    message = enqueue("steps", {}).message
+    claim.claim(["steps"], 1, worker="w", lease=timedelta(minutes=5))
+    monkeypatch.setattr(operations, "holds_lease", lambda message, now=None: False)
+    delete_url = reverse("admin:django_delayq_message_delete", args=[message.pk])
+    response = admin_client.post(delete_url, {"post": "yes"}, follow=True)
+    assert Message.objects.filter(pk=message.pk, status="running").exists()
+    html = response.content.decode()
+    assert "was not deleted: running" in html and "deleted successfully" not in html
