@@ -203,7 +203,11 @@ def apply_update(current: Message, new: Message) -> None:
         if due is not None and (lease is None or due > lease):
             current.next_attempt_time = due
         return
-    current.next_attempt_time = new.next_attempt_time
+    # A workflow step still waiting for its parents: they release it, not an update.
+    waits = current.parents_waiting > 0 or (
+        current.parents_failed > 0 and current.on_parent_failure == "wait"
+    )
+    current.next_attempt_time = None if waits else new.next_attempt_time
     current.superseded_at = None
     current.lock_token = None
     current.status = Status.PENDING

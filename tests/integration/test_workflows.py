@@ -343,6 +343,43 @@ def test_an_ignored_duplicate_gets_no_new_parents():
     assert [p.pk for p in row(again).parents()] == [a.message.pk]
 
 
+@pytest.mark.parametrize("policy", ["cancel", "wait"])
+def test_an_update_of_a_waiting_step_keeps_it_waiting_for_its_parents(run_worker, policy):
+    """``on_conflict="update"`` (which takes no ``after=``) rewrote a waiting step's
+    due time like any pending message's: the step was released before its parents
+    had finished, and ran before them. Its new content waits as the old did."""
+    parent = enqueue("steps", {"fail": 1 if policy == "wait" else 0}, max_attempts=1)
+    step = enqueue("steps", {"v": 1}, key="step", after=[parent], on_parent_failure=policy)
+    updated = enqueue("steps", {"v": 2}, key="step", on_conflict="update", delay=0)
+    assert updated.outcome.name == "UPDATED"
+    waiting = row(step)
+    assert (waiting.payload, waiting.next_attempt_time) == ({"v": 2}, None)
+    assert waiting.waiting_for_parents
+    run_worker(["steps"])
+    done = row(step)
+    if policy == "cancel":
+        assert row(parent).status == "succeeded" and done.status == "succeeded"
+        assert started(step) >= row(parent).finished_at
+    else:  # the parent failed: the step still waits for an operator's retry
+        assert row(parent).status == "failed"
+        assert (done.status, done.next_attempt_time) == ("pending", None)
+        enqueue("steps", {"v": 3}, key="step", on_conflict="update")
+        run_worker(["steps"])
+        assert (row(step).status, row(step).payload) == ("pending", {"v": 3})
+        assert not Execution.objects.filter(message_id=step.message.pk).exists()
+
+
+def test_an_update_of_a_released_or_finished_step_runs_it_like_any_message(run_worker):
+    parent = enqueue("steps", {})
+    step = enqueue("steps", {}, key="step", after=[parent])
+    run_worker(["steps"])
+    assert row(step).status == "succeeded"
+    enqueue("steps", {"again": 1}, key="step", on_conflict="update")
+    assert row(step).next_attempt_time is not None
+    run_worker(["steps"])
+    assert (row(step).status, row(step).attempt_count) == ("succeeded", 1)
+
+
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time anyway")
 def test_parents_finishing_at_once_on_many_connections_release_their_child_once():
     import threading

@@ -238,6 +238,22 @@ def test_on_conflict_update_rewrites_changed_rows_only(tmp_path: Path) -> None:
     assert source.exists()
 
 
+def test_an_update_of_a_waiting_workflow_step_keeps_it_waiting(tmp_path: Path) -> None:
+    """The loader's update is ``enqueue``'s: a step waiting for its parents gets the
+    new content and stays waiting (they release it, not the load)."""
+    from django_delayq import enqueue
+
+    parent = enqueue("mail", {})
+    step = enqueue("mail", {"name": "old"}, key="user1@example.com", after=[parent]).message
+    source = write_csv(tmp_path / "p.csv", ["email", "name", "n", "score", "vip"], people(3))
+    args = ("--queue", "mail", "--key-column", "email", "--on-conflict", "update")
+    summary, _ = run_pipeline("enqueue", str(source), *args)
+    assert (summary.created, summary.updated) == (2, 1)
+    step.refresh_from_db()
+    assert (step.payload["name"], step.next_attempt_time) == ("User 1", None)
+    assert step.waiting_for_parents
+
+
 def test_keys_differing_only_in_case_or_trailing_spaces_are_different_messages(
     spark: object, tmp_path: Path
 ) -> None:

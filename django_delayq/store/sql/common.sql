@@ -54,8 +54,11 @@ ON CONFLICT ({queue}, {key}) DO NOTHING
 -- attempt ends, so it never runs beside it. Its next_attempt_time becomes
 -- the later of the lease and the new due time: it stays when the row may
 -- next be claimed, so a lease that lapses (a killed worker) does not run the
--- new version before its time. {distinct} and {payload_distinct} are the
--- database's own comparisons (the fragments of the same names).
+-- new version before its time. A workflow step still waiting for its parents
+-- (store/dependencies.py: a count of parents not ended, or a failed one under
+-- "wait") stays without a due time: its parents release it, not an update.
+-- {distinct} and {payload_distinct} are the database's own comparisons (the
+-- fragments of the same names).
 ON CONFLICT ({queue}, {key}) DO UPDATE SET
     "payload" = excluded."payload",
     "kind" = excluded."kind",
@@ -64,6 +67,10 @@ ON CONFLICT ({queue}, {key}) DO UPDATE SET
     "scheduled_time" = excluded."scheduled_time",
     "updated_at" = excluded."updated_at",
     "next_attempt_time" = CASE WHEN {table}."status" <> 'running'
+            AND ({table}."parents_waiting" > 0
+                OR ({table}."parents_failed" > 0 AND {table}."on_parent_failure" = 'wait'))
+        THEN NULL
+        WHEN {table}."status" <> 'running'
             OR excluded."next_attempt_time" > {table}."next_attempt_time"
         THEN excluded."next_attempt_time" ELSE {table}."next_attempt_time" END,
     "superseded_at" = CASE WHEN {table}."status" = 'running'

@@ -100,7 +100,8 @@ src.due
 -- SIMULTANEOUS_ASSIGNMENT mode is on): the columns {changed} reads come last,
 -- status the very last, so it means the same under either order. A row left
 -- alone counts 0 affected rows, an updated one 2. A running row's due time
--- becomes the later of its lease and the new version's, as in update_conflicts.
+-- becomes the later of its lease and the new version's, and a step waiting for
+-- its parents keeps no due time, as in update_conflicts.
 -- Every column is qualified: the source has columns of the same names.
 ON DUPLICATE KEY UPDATE
     {table}.`scheduled_time` = IF({changed}, VALUES(`scheduled_time`), {table}.`scheduled_time`),
@@ -115,7 +116,7 @@ ON DUPLICATE KEY UPDATE
     {table}.`kind` = IF({changed}, VALUES(`kind`), {table}.`kind`),
     {table}.`priority` = IF({changed}, VALUES(`priority`), {table}.`priority`),
     {table}.`max_attempts` = IF({changed}, VALUES(`max_attempts`), {table}.`max_attempts`),
-    {table}.`next_attempt_time` = IF({changed} AND ({table}.`status` <> 'running' OR VALUES(`next_attempt_time`) > {table}.`next_attempt_time`), VALUES(`next_attempt_time`), {table}.`next_attempt_time`),
+    {table}.`next_attempt_time` = IF({changed} AND {table}.`status` <> 'running' AND ({table}.`parents_waiting` > 0 OR ({table}.`parents_failed` > 0 AND {table}.`on_parent_failure` = 'wait')), NULL, IF({changed} AND ({table}.`status` <> 'running' OR VALUES(`next_attempt_time`) > {table}.`next_attempt_time`), VALUES(`next_attempt_time`), {table}.`next_attempt_time`)),
     {table}.`status` = IF({changed} AND {table}.`status` <> 'running', 'pending', {table}.`status`)
 
 -- name: archived_versions
