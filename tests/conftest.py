@@ -75,6 +75,10 @@ def finishes_within(seconds: float, function: Callable[[], object]) -> object:
             outcome["result"] = function()
         except BaseException as exc:
             outcome["error"] = exc
+        finally:
+            # The thread's own connections: left open, they keep the test
+            # database from being dropped at the end of the session.
+            connections.close_all()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

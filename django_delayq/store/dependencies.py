@@ -25,10 +25,18 @@ parents finishing at the same moment on several workers change their
 common child one after the other, and only the change that reaches 0
 releases it. Elsewhere the children are locked first, in id order, and
 their edges read again under the lock (SQLite has one writer at a time).
+
+A worker never waits for a child's row lock (``skip_locked``): a producer's
+transaction may hold it for as long as it likes (an upsert of the child's
+key), and the worker's acknowledgements would wait behind it. The edges to
+a child locked elsewhere stay open; :func:`settle_without_waiting` tries
+them again a few times, as another worker's short statement on the same
+child ends, then leaves them to the sweep.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -120,9 +128,18 @@ class Settled:
     queues: set[str] = field(default_factory=set)
     #: The released ones in ordered groups (their group may hold them still).
     grouped: dict[int, tuple[str, str]] = field(default_factory=dict)
+    #: Some child was locked by another transaction: its edges stay open.
+    skipped: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.released or self.cancelled)
+
+    def add(self, other: Settled) -> None:
+        self.released += other.released
+        self.cancelled += other.cancelled
+        self.queues |= other.queues
+        self.grouped.update(other.grouped)
+        self.skipped = other.skipped
 
 
 def settle(
@@ -130,52 +147,79 @@ def settle(
     *,
     children: Collection[int] | None = None,
     using: str | None = None,
+    skip_locked: bool = False,
 ) -> Settled:
     """End the open edges whose parent has finished, and release or cancel their children.
 
     ``parents`` / ``children``: only the edges from / to these (both None:
     every open edge, the sweep). A child cancelled by its parent's failure
     is finished too: its own children follow, down the graph.
+    ``skip_locked``: leave open the edges to a child another transaction has
+    locked (``Settled.skipped`` says so) rather than wait for it.
     """
     alias = db_alias(using)
     done = Settled()
     if parents is None and children is None:
-        _end(alias, done, None, None)
+        _end(alias, done, None, None, skip_locked)
     for chunk in batches(sorted(parents or ())):
-        _end(alias, done, "parent_id", chunk)
+        _end(alias, done, "parent_id", chunk, skip_locked)
     for chunk in batches(sorted(children or ())):
-        _end(alias, done, "child_id", chunk)
+        _end(alias, done, "child_id", chunk, skip_locked)
     followed = 0
     while followed < len(done.cancelled):
         # Finished now: their children's edges end too.
         chunk = done.cancelled[followed : followed + IN_BATCH]
         followed += len(chunk)
-        _end(alias, done, "parent_id", chunk)
+        _end(alias, done, "parent_id", chunk, skip_locked)
     _after(alias, done)
     return done
 
 
-def _end(alias: str, done: Settled, column: str | None, ids: list[int] | None) -> None:
+#: How long :func:`settle_without_waiting` tries again for the children it found
+#: locked, in doubling pauses from the first (another worker's statement on
+#: the same child holds it a few milliseconds).
+PATIENCE = (0.002, 0.004, 0.008, 0.016, 0.032)
+
+
+def settle_without_waiting(parents: Collection[int], *, using: str | None = None) -> Settled:
+    """:func:`settle` for the edges of ``parents`` as a worker does it: never waiting
+    for a child's row lock, trying again for :data:`PATIENCE`, then leaving what
+    is still locked to the sweep (``Settled.skipped``)."""
+    done = settle(parents, using=using, skip_locked=True)
+    for pause in PATIENCE:
+        if not done.skipped:
+            break
+        time.sleep(pause)
+        done.add(settle(parents, using=using, skip_locked=True))
+    return done
+
+
+def _end(
+    alias: str, done: Settled, column: str | None, ids: list[int] | None, skip_locked: bool
+) -> None:
     """End the open edges of finished parents (``column`` in ``ids``; None: all)."""
     connection = connections[alias]
     if features(connection).array_parameters:
-        _end_in_one_statement(connection, done, column, ids)
+        _end_in_one_statement(connection, done, column, ids, skip_locked)
         return
     edges = Dependency.objects.using(alias).filter(
         parent_ended="", parent__status__in=list(FINISHED)
     )
     if column is not None:
         edges = edges.filter(**{f"{column}__in": ids})
+    passed: set[int] = set()  # locked by another transaction: not read again
     while True:
-        kids = sorted(set(edges.values_list("child_id", flat=True)[:ROUND]))
+        kids = sorted(
+            set(edges.exclude(child_id__in=passed).values_list("child_id", flat=True)[:ROUND])
+        )
         if not kids:
             return
         with transaction.atomic(using=alias):
-            _end_locked(kids, alias, done)
+            passed |= _end_locked(kids, alias, done, skip_locked)
 
 
 def _end_in_one_statement(
-    connection: Any, done: Settled, column: str | None, ids: list[int] | None
+    connection: Any, done: Settled, column: str | None, ids: list[int] | None, skip_locked: bool
 ) -> None:
     """PostgreSQL: :func:`_end` as the statement ``end_edges`` (autocommit, or the
     caller's transaction)."""
@@ -205,6 +249,7 @@ def _end_in_one_statement(
     else:
         condition = f"d.{edge[column]} = ANY(%s)"
         params.append(list(ids or ()))
+    params += params  # the condition is read twice: the candidates, then the edges
     can = features(connection)
     # The wake-up rides on the statement: one round trip less per step of a chain.
     notes = can.notify and get_config()["NOTIFY"]
@@ -213,6 +258,8 @@ def _end_in_one_statement(
     sql = statement("end_edges", can).format(
         notes=statement("end_edges_notes", can).format(queue=message["queue"]) if notes else "",
         noted=", (SELECT count(*) FROM notes)" if notes else "",
+        unnoted=", 0" if notes else "",
+        skip=" SKIP LOCKED" if skip_locked else "",
         message=message["table"],
         dependency=edge["table"],
         edges=condition,
@@ -226,8 +273,10 @@ def _end_in_one_statement(
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     cancelled = []
-    for pk, queue, group, status, released, *_ in rows:
-        if released:
+    for pk, queue, group, status, released, skipped, *_ in rows:
+        if skipped:
+            done.skipped = True
+        elif released:
             _released(done, pk, queue, group, notified=notes)
         elif status == Status.CANCELLED:
             cancelled.append(pk)
@@ -244,14 +293,22 @@ def _now_sql() -> str:
     return "STATEMENT_TIMESTAMP()"
 
 
-def _end_locked(kids: list[int], alias: str, done: Settled) -> None:
+def _end_locked(kids: list[int], alias: str, done: Settled, skip_locked: bool) -> set[int]:
     """End the open edges of finished parents of ``kids`` under the children's locks
     (taken first, in id order; the edges read again under them), and change each
-    waiting child's counts; then release or cancel those that can go."""
-    locked = _lock_waiting(kids, alias)
+    waiting child's counts; then release or cancel those that can go. Returns the
+    children another transaction held (``skip_locked``), whose edges stay open."""
+    rows = Message._base_manager.using(alias).filter(pk__in=kids).order_by("pk")
+    got = set(rows.select_for_update(skip_locked=skip_locked).values_list("pk", flat=True))
+    passed: set[int] = set()
+    if len(got) < len(kids):
+        passed = set(rows.exclude(pk__in=got).values_list("pk", flat=True))  # not deleted
+        done.skipped = done.skipped or bool(passed)
+    locked = _lock_waiting(sorted(got), alias)
     edges = list(
         Dependency.objects.using(alias)
         .filter(child_id__in=kids, parent_ended="", parent__status__in=list(FINISHED))
+        .exclude(child_id__in=passed)
         .values_list("pk", "child_id", "parent__status")
     )
     by_status: dict[str, list[int]] = {}
@@ -275,6 +332,7 @@ def _end_locked(kids: list[int], alias: str, done: Settled) -> None:
             queue, group, policy, waiting, failed = locked[child]
             locked[child] = (queue, group, policy, waiting - n, failed + f)
     _decide({k: v for k, v in locked.items() if k in ended}, alias, done)
+    return passed
 
 
 def _lock_waiting(kids: Sequence[int], alias: str) -> dict[int, tuple[str, str, str, int, int]]:

@@ -323,7 +323,7 @@ class Settler:
         """Release the children of ``parents`` (acknowledged); True if any was released.
         If this fails, the sweep of every worker's maintenance does it a little later."""
         try:
-            return bool(dependencies.settle(parents, using=self.using).released)
+            return bool(dependencies.settle_without_waiting(parents, using=self.using).released)
         except (DatabaseError, InterfaceError):
             logger.warning(
                 "could not release the messages waiting for %d acknowledged message(s); "

@@ -553,7 +553,7 @@ def _children_go_on(message: Message, using: str) -> None:
     if not getattr(message, "has_children", False):
         return
     try:
-        settled = dependencies.settle([message.pk], using=using)
+        settled = dependencies.settle_without_waiting([message.pk], using=using)
     except DB_ERRORS:
         logger.warning(
             "could not release the messages waiting for %s; the sweep will",

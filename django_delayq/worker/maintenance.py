@@ -194,7 +194,7 @@ class Maintenance:
             self._on_due()
 
     def release_children(self) -> None:
-        settled = dependencies.settle(using=self.using)
+        settled = dependencies.settle(using=self.using, skip_locked=True)
         if settled:
             logger.info(
                 "workflows: %d message(s) released, %d cancelled after their parents finished",

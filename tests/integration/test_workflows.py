@@ -16,6 +16,7 @@ from django_delayq import MessageFailed, await_result, enqueue, enqueue_many, op
 from django_delayq.models import Dependency, Message
 from django_delayq.store import dependencies, groups, retention
 from django_delayq.worker.execute import Result
+from tests.conftest import finishes_within, wait_for
 from tests.testapp.models import Effect, Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -378,6 +379,83 @@ def test_an_update_of_a_released_or_finished_step_runs_it_like_any_message(run_w
     assert row(step).next_attempt_time is not None
     run_worker(["steps"])
     assert (row(step).status, row(step).attempt_count) == ("succeeded", 1)
+
+
+class _Producer:
+    """Another connection's transaction holding a message's row lock (a producer's
+    upsert of its key, a bulk change), until ``release``."""
+
+    def __init__(self, pk):
+        import threading
+
+        self.locked, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(pk,))
+
+    def _hold(self, pk):
+        from django.db import connections
+
+        try:
+            with transaction.atomic():
+                Message.objects.select_for_update().get(pk=pk)
+                self.locked.set()
+                self.released.wait(60)
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.locked.wait(30)
+        return self
+
+    def __exit__(self, *exc):
+        self.released.set()
+        self.thread.join(30)
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time: no row locks")
+def test_a_producer_holding_a_childs_row_lock_never_stalls_the_worker(serving_worker, settings):
+    """A parent's worker ends its edges and changes its children's rows: a producer's
+    transaction that holds a child's row made the worker wait for it, and every
+    message behind it waited too (with one executor, none ran; acknowledgements
+    batched behind it kept their leases lapsing). The worker must go on, and the
+    child be released once the producer lets go, after its parent."""
+    settings.DELAYQ = {**settings.DELAYQ, "HEARTBEAT_INTERVAL": 0.5}
+    parent = enqueue("steps", {})
+    child = enqueue("steps", {}, key="child", after=[parent])
+    with _Producer(child.message.pk):
+        serving_worker(["steps"], concurrency=1)
+        wait_for(lambda: row(parent).status == "succeeded", message="the parent's success")
+        later = enqueue("steps", {}).message
+        wait_for(
+            lambda: Message.objects.get(pk=later.pk).status == "succeeded",
+            timeout=20,
+            message="a later message, while the producer holds the child",
+        )
+        assert row(child).next_attempt_time is None  # still waiting: its edge is open
+    wait_for(lambda: row(child).status == "succeeded", timeout=30, message="the child")
+    assert started(child) >= row(parent).finished_at
+    assert row(child).attempt_count == 1
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time: no row locks")
+def test_a_workers_settle_passes_a_locked_child_and_ends_the_rest():
+    """What the worker's executors and its acknowledgement thread both call: the
+    edges to a child locked elsewhere stay open (said so), the others end, and
+    nothing waits for the lock; the sweep ends the rest once it is free."""
+    parent = enqueue("steps", {})
+    held = enqueue("steps", {}, after=[parent])
+    free = enqueue("steps", {}, after=[parent])
+    Message.objects.filter(pk=parent.message.pk).update(status="succeeded")
+    with _Producer(held.message.pk):
+        done = finishes_within(
+            10, lambda: dependencies.settle_without_waiting([parent.message.pk], using="default")
+        )
+        assert done.skipped and done.released == [free.message.pk]
+        assert row(held).next_attempt_time is None
+        swept = finishes_within(10, lambda: dependencies.settle(skip_locked=True))
+        assert swept.skipped and not swept
+    swept = dependencies.settle(skip_locked=True)
+    assert (swept.released, swept.skipped) == ([held.message.pk], False)
 
 
 @pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time anyway")

@@ -96,6 +96,8 @@ USES: dict[str, Use] = {
         "policy",
         "notes",
         "noted",
+        "unnoted",
+        "skip",
         "id",
         "status",
         "queue",
