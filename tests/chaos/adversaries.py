@@ -185,6 +185,11 @@ ADVERSARIES = [
         ("postgresql", "mysql"),
         "SQLite has no row locks: a transaction held open blocks every writer",
     ),
+    Adversary(
+        "lock-step",
+        ("postgresql", "mysql"),
+        "SQLite has no row locks: a transaction held open blocks every writer",
+    ),
     *(Adversary(f"raise {name}") for name in EXCEPTIONS),
     Adversary("atomic-swallow"),
     Adversary("atomic-time-limit"),
@@ -385,7 +390,9 @@ def produce(config: Config) -> None:
 
 def hold(config: Config) -> None:
     """Hold a running message's row lock for more than two leases, ``holds`` times:
-    an upsert (``on_conflict="update"``, due later) or an operator's ``reprioritise``."""
+    an upsert (``on_conflict="update"``, due later) or an operator's ``reprioritise``;
+    or (``lock-step``) hold, by an upsert of its key, the row of a workflow step
+    waiting for a running parent, while that parent ends."""
     from django.db import transaction
 
     from django_delayq import enqueue, operations
@@ -394,7 +401,7 @@ def hold(config: Config) -> None:
 
     held = config.lease * 2.5
     for i in range(config.holds):
-        adv = "lock-upsert" if i % 2 == 0 else "lock-reprioritise"
+        adv = ("lock-upsert", "lock-reprioritise", "lock-step")[i % 3]
         # A message may run and end between two looks (a loaded machine, a
         # cut connection): then another one is sent, until one is caught.
         for attempt in range(20):
@@ -402,12 +409,22 @@ def hold(config: Config) -> None:
 
             def send(key: str = key, adv: str = adv) -> None:
                 with transaction.atomic():
-                    enqueue(
+                    parent = enqueue(
                         "adv-held",
                         {"adv": adv, "expect": "succeeded", "sleep": 3.0, "v": 1},
                         key=key,
                     )
                     Sent.objects.create(producer=1, queue="adv-held", key=key, outcome="sent")
+                    if adv == "lock-step":
+                        enqueue(
+                            "adv-held",
+                            {"adv": adv, "expect": "succeeded", "v": 1},
+                            key=f"{key}-step",
+                            after=[parent],
+                        )
+                        Sent.objects.create(
+                            producer=1, queue="adv-held", key=f"{key}-step", outcome="sent"
+                        )
 
             _retrying("a lock holder", send)
 
@@ -429,6 +446,18 @@ def hold(config: Config) -> None:
                             delay=config.lease * 2,
                         )
                         changed = 1
+                    elif adv == "lock-step":
+                        # The step's row, not the running parent's: the parent
+                        # ends meanwhile, and its worker must not wait for it.
+                        changed = int(
+                            enqueue(
+                                "adv-held",
+                                {"adv": adv, "expect": "succeeded", "v": 2},
+                                key=f"{key}-step",
+                                on_conflict="update",
+                            ).outcome.name
+                            == "UPDATED"
+                        )
                     else:
                         changed = operations.reprioritise(
                             Message.objects.filter(pk=message.pk), 9
@@ -963,7 +992,7 @@ def check(run: Run, elapsed: float) -> Table:
     # operators: what they did, and that it held
     for op in ops:
         m = messages[op["message_id"]]
-        if op["action"] in ("lock-upsert", "lock-reprioritise"):
+        if op["action"] in ("lock-upsert", "lock-reprioritise", "lock-step"):
             table.fired[op["action"]] += 1 if op["changed"] else 0
             continue
         table.fired[adv(m)] += 1 if op["changed"] else 0
@@ -1039,16 +1068,16 @@ def check(run: Run, elapsed: float) -> Table:
     # all on_parent_failure="cancel"), none left waiting (drained), none twice
     from django_delayq.models import Dependency
 
-    for parent_id, child_id in Dependency.objects.filter(child__queue="adv-flow").values_list(
-        "parent_id", "child_id"
-    ):
+    edges = Dependency.objects.filter(child__queue__in=["adv-flow", "adv-held"])
+    for parent_id, child_id in edges.values_list("parent_id", "child_id"):
         parent = messages.get(parent_id)
         done = [r for r in runs.get(parent_id, []) if r["outcome"] == "ok"]
+        name = "workflows" if messages[child_id]["queue"] == "adv-flow" else "lock-step"
         for r in runs.get(child_id, []):
             if parent is None or parent["status"] != "succeeded" or not done:
-                table.violate("workflows", "step before parent", child_id)
+                table.violate(name, "step before parent", child_id)
             elif r["started"] < done[-1]["finished"]:
-                table.violate("workflows", "step before parent", child_id)
+                table.violate(name, "step before parent", child_id)
     table.fired["workflows"] = sum(
         1
         for m in messages.values()
