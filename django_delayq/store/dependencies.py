@@ -26,12 +26,12 @@ common child one after the other, and only the change that reaches 0
 releases it. Elsewhere the children are locked first, in id order, and
 their edges read again under the lock (SQLite has one writer at a time).
 
-A worker never waits for a child's row lock (``skip_locked``): a producer's
-transaction may hold it for as long as it likes (an upsert of the child's
-key), and the worker's acknowledgements would wait behind it. The edges to
-a child locked elsewhere stay open; :func:`settle_without_waiting` tries
-them again a few times, as another worker's short statement on the same
-child ends, then leaves them to the sweep.
+A worker never waits long for a child's row lock (``skip_locked``): a
+producer's transaction may hold it for as long as it likes (an upsert of
+the child's key), and the worker's acknowledgements would wait behind it.
+The edges to a child locked elsewhere stay open (:func:`settle_without_waiting`
+waits a few milliseconds, as another worker's statement on the same child
+ends), and the sweep, which passes locked children, ends them later.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import (
     BooleanField,
     Count,
@@ -179,13 +179,19 @@ def settle(
 #: locked, in doubling pauses from the first (another worker's statement on
 #: the same child holds it a few milliseconds).
 PATIENCE = (0.002, 0.004, 0.008, 0.016, 0.032)
+#: PostgreSQL: how long a worker's ``end_edges`` waits for a child's row lock.
+LOCK_WAIT = sum(PATIENCE)
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def settle_without_waiting(parents: Collection[int], *, using: str | None = None) -> Settled:
     """:func:`settle` for the edges of ``parents`` as a worker does it: never waiting
-    for a child's row lock, trying again for :data:`PATIENCE`, then leaving what
-    is still locked to the sweep (``Settled.skipped``)."""
+    long for a child's row lock (:data:`LOCK_WAIT` on PostgreSQL; elsewhere trying
+    again for :data:`PATIENCE`), then leaving what is still locked to the sweep
+    (``Settled.skipped``)."""
     done = settle(parents, using=using, skip_locked=True)
+    if features(connections[db_alias(using)]).array_parameters:
+        return done
     for pause in PATIENCE:
         if not done.skipped:
             break
@@ -222,7 +228,15 @@ def _end_in_one_statement(
     connection: Any, done: Settled, column: str | None, ids: list[int] | None, skip_locked: bool
 ) -> None:
     """PostgreSQL: :func:`_end` as the statement ``end_edges`` (autocommit, or the
-    caller's transaction)."""
+    caller's transaction).
+
+    ``skip_locked``: the sweep (``column`` None) locks the children first and
+    passes those another transaction holds; a worker's edges of its parents
+    wait for a child's lock at most :data:`LOCK_WAIT` (another worker ending a
+    common child's edges holds it for a statement), then stay open for the
+    sweep. The statement stays the plain one there: its planning is most of
+    its cost, and a chain's every step runs it.
+    """
     message = quote_names(
         Message,
         connection,
@@ -249,34 +263,51 @@ def _end_in_one_statement(
     else:
         condition = f"d.{edge[column]} = ANY(%s)"
         params.append(list(ids or ()))
-    params += params  # the condition is read twice: the candidates, then the edges
     can = features(connection)
     # The wake-up rides on the statement: one round trip less per step of a chain.
     notes = can.notify and get_config()["NOTIFY"]
     if notes:
         params.append(NOTIFY_CHANNEL)
+    names = {
+        "message": message["table"],
+        "dependency": edge["table"],
+        **{k: v for k, v in message.items() if k != "table"},
+        **{k: v for k, v in edge.items() if k != "table"},
+    }
+    sweep = skip_locked and column is None
+    # In autocommit only: the setting lasts until the end of the transaction.
+    bounded = skip_locked and not sweep and not connection.in_atomic_block
     sql = statement("end_edges", can).format(
         notes=statement("end_edges_notes", can).format(queue=message["queue"]) if notes else "",
         noted=", (SELECT count(*) FROM notes)" if notes else "",
-        unnoted=", 0" if notes else "",
-        skip=" SKIP LOCKED" if skip_locked else "",
-        message=message["table"],
-        dependency=edge["table"],
+        locked=statement("end_edges_locked", can).format(**names) + " " if sweep else "",
+        only_locked=" " + statement("end_edges_only_locked", can).format(**names) if sweep else "",
+        lock_wait=" " + statement("end_edges_lock_wait", can).format(ms=int(LOCK_WAIT * 1000))
+        if bounded
+        else "",
         edges=condition,
         now=_now_sql(),
         due=connection.ops.quote_name("next_attempt_time"),
         policy=connection.ops.quote_name("on_parent_failure"),
-        **{k: v for k, v in message.items() if k != "table"},
-        **{k: v for k, v in edge.items() if k != "table"},
+        **names,
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    if bounded:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            done.skipped = True  # every edge of this call stays open, for the sweep
+            return
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
     cancelled = []
-    for pk, queue, group, status, released, skipped, *_ in rows:
-        if skipped:
-            done.skipped = True
-        elif released:
+    for pk, queue, group, status, released, *_ in rows:
+        if released:
             _released(done, pk, queue, group, notified=notes)
         elif status == Status.CANCELLED:
             cancelled.append(pk)

@@ -96,8 +96,9 @@ USES: dict[str, Use] = {
         "policy",
         "notes",
         "noted",
-        "unnoted",
-        "skip",
+        "locked",
+        "only_locked",
+        "lock_wait",
         "id",
         "status",
         "queue",
@@ -115,6 +116,18 @@ USES: dict[str, Use] = {
         "parent_ended",
     ),  # fmt: skip
     "end_edges_notes": use(lambda f: f.array_parameters and f.notify, "queue"),
+    "end_edges_locked": use(
+        lambda f: f.array_parameters,
+        "id",
+        "message",
+        "child_id",
+        "dependency",
+        "parent_id",
+        "parent_ended",
+        "status",
+    ),  # fmt: skip
+    "end_edges_only_locked": use(lambda f: f.array_parameters, "child_id", "id", "message"),
+    "end_edges_lock_wait": use(lambda f: f.array_parameters, "ms"),
     # queries.py
     "distinct_values": use(lambda f: f.loose_index_scan, "col", "table", "where"),
     "next_due": use(always, "due", "table", "status", "queues"),

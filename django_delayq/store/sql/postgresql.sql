@@ -191,29 +191,22 @@ DROP FUNCTION IF EXISTS delayq_holder_gone(varchar, timestamptz, interval)
 -- ended, and their children's counts of parents changed, in one statement: the
 -- change that leaves a waiting child no parent to wait for releases it, and one
 -- that brings it a failed parent cancels it if its on_parent_failure says so.
--- The children are locked first, in id order ({skip}: empty, or SKIP LOCKED
--- for a worker, which must never wait for a producer's transaction holding a
--- child: those edges stay open, and the last row says so). Parents ending at
--- once on several workers change a common child one after the other
--- (PostgreSQL re-reads the row it waited for), so exactly one of them sees
--- the count reach 0. Returns the children released or cancelled.
+-- Parents ending at once on several workers change a common child one after
+-- the other (its row lock; PostgreSQL re-reads the row it waited for), so
+-- exactly one of them sees the count reach 0. Returns the children released
+-- or cancelled. The sweep passes the children another transaction holds
+-- ({locked}: the CTE end_edges_locked, and {only_locked} the condition on the
+-- edges): their edges stay open until a later round. A worker's statement, in
+-- autocommit, waits for a child's lock at most {lock_wait}'s time: set for its
+-- own transaction (the statement) before the first edge is read, it fails the
+-- statement rather than wait on (no round trip of its own for the setting).
 -- {notes} is empty, or the CTE end_edges_notes (wake the idle workers of the
 -- released ones' queues, at commit) and {noted} what makes it run.
-WITH candidates AS MATERIALIZED (
-    SELECT DISTINCT d.{child_id} AS child
-    FROM {dependency} d JOIN {message} p ON p.{id} = d.{parent_id}
-    WHERE d.{parent_ended} = '' AND p.{status} <> 'pending' AND p.{status} <> 'running'
-        AND ({edges})
-), kids AS MATERIALIZED (
-    SELECT c.{id} FROM {message} c WHERE c.{id} IN (SELECT child FROM candidates)
-    ORDER BY c.{id} FOR UPDATE{skip}
-), ended AS (
+WITH {locked}ended AS (
     UPDATE {dependency} d SET {parent_ended} = p.{status}
     FROM {message} p
     WHERE p.{id} = d.{parent_id} AND d.{parent_ended} = ''
-        AND p.{status} <> 'pending' AND p.{status} <> 'running' AND ({edges})
-        AND (d.{child_id} IN (SELECT {id} FROM kids)
-            OR NOT EXISTS (SELECT 1 FROM {message} x WHERE x.{id} = d.{child_id}))
+        AND p.{status} <> 'pending' AND p.{status} <> 'running' AND ({edges}){only_locked}{lock_wait}
     RETURNING d.{child_id} AS child, d.{position} AS place, p.{status} AS status,
         'Cancelled: parent ' || p.{queue} || '/' || p.{key} || ' (#' || p.{id}
             || ') ended ' || p.{status} AS why
@@ -242,13 +235,19 @@ WITH candidates AS MATERIALIZED (
     RETURNING c.{id}, c.{queue}, c.{group}, c.{status}, c.{due} IS NOT NULL AS released,
         c.{due} AS due
 ){notes}
-SELECT {id}, {queue}, {group}, {status}, released, false AS skipped{noted} FROM changed
+SELECT {id}, {queue}, {group}, {status}, released{noted} FROM changed
 WHERE released OR {status} = 'cancelled'
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, false, true{unnoted} WHERE EXISTS (
-    SELECT 1 FROM candidates
-    WHERE child NOT IN (SELECT {id} FROM kids)
-        AND EXISTS (SELECT 1 FROM {message} x WHERE x.{id} = child))
+
+-- name: end_edges_locked
+-- end_edges' children of the sweep, locked first, passing those another
+-- transaction holds (a producer's upsert of a step's key in a long transaction).
+kids AS MATERIALIZED (
+    SELECT c.{id} FROM {message} c
+    WHERE c.{id} IN (
+        SELECT d.{child_id} FROM {dependency} d JOIN {message} p ON p.{id} = d.{parent_id}
+        WHERE d.{parent_ended} = '' AND p.{status} <> 'pending' AND p.{status} <> 'running')
+    ORDER BY c.{id} FOR NO KEY UPDATE SKIP LOCKED
+), 
 
 -- name: end_edges_notes
 -- end_edges' wake-up: one NOTIFY per queue of released children, with the
@@ -258,3 +257,12 @@ SELECT NULL, NULL, NULL, NULL, false, true{unnoted} WHERE EXISTS (
         'queue', {queue}, 'due', extract(epoch FROM min(due)))::text)
     FROM changed WHERE released GROUP BY {queue}
 )
+
+-- name: end_edges_only_locked
+-- end_edges' edges of the sweep: those of the children it locked, or of none left.
+ AND (d.{child_id} IN (SELECT {id} FROM kids)
+    OR NOT EXISTS (SELECT 1 FROM {message} x WHERE x.{id} = d.{child_id}))
+
+-- name: end_edges_lock_wait
+-- end_edges' bound on a worker's wait for a child's row lock (see end_edges).
+ AND (SELECT set_config('lock_timeout', '{ms}ms', true)) IS NOT NULL
