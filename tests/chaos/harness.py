@@ -7,8 +7,11 @@ enqueue. C consumer processes (``manage.py run_delayq``) run handlers that
 record every execution. Meanwhile the harness SIGKILLs workers at random
 moments, SIGTERMs and restarts others, terminates every database connection
 of the run's database once (``pg_terminate_backend``), and one queue's
-handler outlives its time limit. When everything has drained, the invariants
-are checked and printed as figures (``Figures.table()``).
+handler outlives its time limit. Some transactions write a workflow: a
+fan-in child enqueued ``after=`` the parents written before it (parents
+finishing at once on different workers, through the kills and the cut).
+When everything has drained, the invariants are checked and printed as
+figures (``Figures.table()``).
 
 Used by ``make chaos`` (``python -m tests.chaos.harness``, full size) and by
 ``tests/chaos/test_chaos.py`` (about a tenth of it, inside the suite).
@@ -126,10 +129,18 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
                 rest = [i for i in items if i not in plain]
             else:
                 rest = items
+            written = []
             for item in rest:
-                item["outcome"] = enqueue(
-                    item["queue"], item["payload"], key=item["key"], delay=item["delay"] or None
-                ).outcome
+                if item.get("fan_in"):
+                    # A workflow's child: after every message written before it
+                    # in this transaction (a duplicate key's row may be older).
+                    result = enqueue(item["queue"], item["payload"], key=item["key"], after=written)
+                else:
+                    result = enqueue(
+                        item["queue"], item["payload"], key=item["key"], delay=item["delay"] or None
+                    )
+                item["outcome"] = result.outcome
+                written.append(result)
             Sent.objects.bulk_create(
                 Sent(
                     producer=index,
@@ -166,6 +177,13 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
             if queue != "chaos-slow" and rng.random() < 0.1:
                 delay = round(rng.uniform(0.5, 3.0), 3)
             items.append({"queue": queue, "key": key, "payload": payload, "delay": delay})
+        last = items[-1] if items else {}
+        plain = last.get("queue") != "chaos-slow" and not last.get("key", "").startswith("dup-")
+        if len(items) >= 2 and plain and rng.random() < 0.15:
+            # A fan-in: the batch's last message waits for all the others.
+            child = items[-1]
+            child.update(queue="chaos", delay=0.0, payload={"n": n}, fan_in=True)
+            child["key"] = f"p{index}-{'rb-' if rollback else ''}fan-{n}"
         for attempt in range(100):
             try:
                 send(items, rollback)
@@ -352,10 +370,10 @@ class Run:
 
 
 def reset(using: str = "default") -> None:
-    from django_delayq.models import Message, WorkerState
+    from django_delayq.models import Dependency, Message, WorkerState
     from tests.testapp.models import Effect, Execution, Sent
 
-    for model in (Message, WorkerState, Execution, Effect, Sent):
+    for model in (Dependency, Message, WorkerState, Execution, Effect, Sent):
         model.objects.using(using).all().delete()
 
 
@@ -502,6 +520,27 @@ def check(run: Run, elapsed: float) -> Figures:
     figures.add("atomic effect rows", sum(effects.values()))
     figures.check(
         "atomic messages without exactly one effect", len(not_once), f"e.g. {not_once[:5]}"
+    )
+
+    # Workflows: each child ran only after every parent's successful run ended.
+    from django_delayq.models import Dependency
+
+    edges = list(
+        Dependency.objects.filter(child__queue__in=QUEUES).values_list("parent_id", "child_id")
+    )
+    children = {child for _, child in edges}
+    before = set()
+    for parent, child in edges:
+        finished = [e["finished"] for e in runs.get(parent, []) if e["finished"] is not None]
+        if not finished or by_id.get(parent, {}).get("status") != "succeeded":
+            if runs.get(child):
+                before.add(child)
+        elif any(e["started"] < max(finished) for e in runs.get(child, [])):
+            before.add(child)
+    figures.add("workflow children (fan-ins)", len(children))
+    figures.add("  their parents", len(edges))
+    figures.check(
+        "  children run before a parent succeeded", len(before), f"e.g. {sorted(before)[:5]}"
     )
 
     early = [

@@ -35,6 +35,7 @@ def test_short_chaos_run_loses_nothing(worker_env, tmp_path, capsys):
     # record another error over it).
     assert figures.value("time limits hit") >= Config.short().slow
     assert figures.value("enqueue calls (ledger rows)") == Config.short().messages
+    assert int(str(figures.value("workflow children (fan-ins)"))) > 0
     # Every consumer's LISTEN session at least; directly connected, its working
     # connection too. Behind a pooler the pool's few server connections may
     # all be idle and closed at the moment of the cut.
