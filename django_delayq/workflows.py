@@ -139,6 +139,29 @@ def _gone(message: Message) -> Message:
     return gone
 
 
+class _Looks:
+    """When :func:`wait` and :func:`await_result` read the message next: at a growing
+    interval (10 ms to :data:`WAIT_POLL_MAX`), never past the deadline."""
+
+    def __init__(self, row: Message, timeout: float | timedelta | None) -> None:
+        self.row = row
+        self.seconds = _seconds(timeout)
+        self.deadline = None if self.seconds is None else time.monotonic() + self.seconds
+        self.interval = 0.01
+
+    def pause(self) -> float:
+        """How long to wait before the next read; TimeoutError once there is none."""
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        if left is not None and left <= 0:
+            row = self.row
+            raise TimeoutError(
+                f"{row.queue}/{row.key} (#{row.pk}) did not finish in {self.seconds} s"
+            )
+        pause = self.interval if left is None else min(self.interval, left)
+        self.interval = min(self.interval * 1.5, WAIT_POLL_MAX)
+        return pause
+
+
 def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
     """Block until ``message`` has finished; return its result (``Message.result``).
 
@@ -156,36 +179,22 @@ def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
     is a way to make the request as slow as the queue. Use it in scripts,
     management commands and tests, or return at once and let the page poll.
     """
-    row = _row(message)
-    seconds = _seconds(timeout)
-    deadline = None if seconds is None else time.monotonic() + seconds
-    interval = 0.01
+    looks = _Looks(_row(message), timeout)
     while True:
-        done, result = _ended(row)
+        done, result = _ended(looks.row)
         if done:
             return result
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise TimeoutError(f"{row.queue}/{row.key} (#{row.pk}) did not finish in {seconds} s")
-        time.sleep(interval if left is None else min(interval, left))
-        interval = min(interval * 1.5, WAIT_POLL_MAX)
+        time.sleep(looks.pause())
 
 
 async def await_result(message: Any, timeout: float | timedelta | None = None) -> Any:
     """:func:`wait` for async code: awaits (without holding a thread) between reads."""
     from asgiref.sync import sync_to_async
 
-    row = _row(message)
-    seconds = _seconds(timeout)
+    looks = _Looks(_row(message), timeout)
     read = sync_to_async(_ended, thread_sensitive=True)
-    deadline = None if seconds is None else time.monotonic() + seconds
-    interval = 0.01
     while True:
-        done, result = await read(row)
+        done, result = await read(looks.row)
         if done:
             return result
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise TimeoutError(f"{row.queue}/{row.key} (#{row.pk}) did not finish in {seconds} s")
-        await asyncio.sleep(interval if left is None else min(interval, left))
-        interval = min(interval * 1.5, WAIT_POLL_MAX)
+        await asyncio.sleep(looks.pause())
