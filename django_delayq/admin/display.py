@@ -25,6 +25,7 @@ from django_delayq.admin.payload import UndecodablePayload, pretty_json
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.models import Message
 from django_delayq.registry import max_attempts_of, registry
+from django_delayq.store import dependencies
 from django_delayq.values import escape_surrogates
 
 S = Message.Status
@@ -36,17 +37,8 @@ def span(delta: timedelta) -> str:
 
 
 def waits_for_parents(message: Message) -> bool:
-    """A workflow's step that waits for its parents: pending, no due time, parents that
-    have not all let it go."""
-    return (
-        message.status == S.PENDING
-        and message.next_attempt_time is None
-        and bool(getattr(message, "on_parent_failure", ""))
-        and not (
-            message.parents_waiting == 0
-            and (message.parents_failed == 0 or message.on_parent_failure == "run")
-        )
-    )
+    """A workflow's step that waits for its parents (``dependencies.waits``)."""
+    return dependencies.waits(message)
 
 
 def waits_for_group(message: Message) -> bool:

@@ -25,7 +25,7 @@ from django_delayq.models import Message
 from django_delayq.registry import registry
 from django_delayq.status import Status
 from django_delayq.store import queries
-from django_delayq.store.dependencies import not_waiting
+from django_delayq.store.dependencies import waiting_rows
 from django_delayq.store.queries import due_condition, retrying_condition
 
 
@@ -214,9 +214,7 @@ class WorkflowFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> QuerySet[Message]:
         if self.value() == "waiting":
-            return queryset.filter(
-                status=Message.Status.PENDING, next_attempt_time__isnull=True
-            ).exclude(not_waiting())
+            return queryset.filter(waiting_rows())
         if self.value() == "steps":
             return queryset.exclude(on_parent_failure="")
         if self.value() == "parents":

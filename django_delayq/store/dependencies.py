@@ -83,6 +83,25 @@ def not_waiting() -> Q:
     )
 
 
+def waiting_rows() -> Q:
+    """Workflow steps waiting for their parents: pending, no due time, and parents that
+    have not all let them go (a released step an ordered group holds is not one).
+    The one condition the admin's filter, ``delayq_status``, the dashboard and the
+    metrics count by; :func:`waits` is its twin for a row in hand."""
+    return Q(status=Status.PENDING, next_attempt_time__isnull=True) & ~not_waiting()
+
+
+def waits(message: Any) -> bool:
+    """:func:`waiting_rows` for a row already read (the admin's pages)."""
+    policy = getattr(message, "on_parent_failure", "")
+    return (
+        message.status == Status.PENDING
+        and message.next_attempt_time is None
+        and bool(policy)
+        and not (message.parents_waiting == 0 and (message.parents_failed == 0 or policy == "run"))
+    )
+
+
 def attach(children: Sequence[int], parents: Sequence[int], policy: str, *, using: str) -> None:
     """Make the new ``children`` wait for ``parents`` (in their ``after=`` order).
 
@@ -580,12 +599,8 @@ def in_workflows() -> ExpressionWrapper[Q]:
 
 def waiting(message: Message) -> bool:
     """Whether ``message`` waits for its parents (read now)."""
-    return (
-        Message._base_manager.using(message._state.db or db_alias(None))
-        .filter(pk=message.pk, status=Status.PENDING, next_attempt_time__isnull=True)
-        .exclude(not_waiting())
-        .exists()
-    )
+    rows = Message._base_manager.using(message._state.db or db_alias(None))
+    return rows.filter(waiting_rows(), pk=message.pk).exists()
 
 
 def parents_of(message: Message) -> list[Message]:

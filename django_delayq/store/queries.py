@@ -256,15 +256,13 @@ class MessageQuerySet(QueueQuerySet[Any]):
         return {row.pop("queue"): row for row in rows}
 
     def waiting_by_queue(self) -> dict[str, int]:
-        """Workflow steps waiting for their parents, per queue: the held rows (pending,
-        no due time: a range of ``delayq_due_idx``) that have parents."""
-        rows = (
-            self.filter(status=Status.PENDING, next_attempt_time__isnull=True)
-            .exclude(on_parent_failure="")
-            .values("queue")
-            .order_by()
-            .annotate(n=Count("queue"))
-        )
+        """Workflow steps waiting for their parents, per queue: those of the held rows
+        (pending, no due time: a range of ``delayq_due_idx``) that their parents have
+        not let go (``dependencies.waiting_rows``; not a released step its ordered
+        group holds)."""
+        from django_delayq.store.dependencies import waiting_rows
+
+        rows = self.filter(waiting_rows()).values("queue").order_by().annotate(n=Count("queue"))
         return {row["queue"]: row["n"] for row in rows}
 
     def failed_by_queue(self) -> dict[str, int]:

@@ -199,6 +199,30 @@ def test_a_grouped_child_waits_for_its_parents_and_for_its_group(run_worker):
     assert started(child) < started(after_child)
 
 
+def test_a_released_step_held_by_its_group_is_not_counted_as_waiting_for_parents(admin_client):
+    """The counts of steps waiting for their parents (``delayq_status``, the
+    dashboard, the metrics) took every held row that has parents: a step whose
+    parents had let it go, held now by its ordered group, was counted with them,
+    while its page and the workflow page said otherwise. One condition for all."""
+    from django_delayq.admin.display import waits_for_parents
+
+    first = enqueue("steps", {}, group="g")  # runs first: holds the group
+    parent = enqueue("steps", {})
+    step = enqueue("steps", {}, group="g", after=[parent])
+    still = enqueue("steps", {}, after=[enqueue("steps", {})])
+    Message.objects.filter(pk=parent.message.pk).update(status="succeeded")
+    dependencies.settle([parent.message.pk], using="default")
+    held = row(step)
+    assert held.next_attempt_time is None and held.parents_waiting == 0  # its group holds it
+    assert not held.waiting_for_parents and not waits_for_parents(held)
+    assert Message.objects.waiting_by_queue() == {"steps": 1}  # only `still`
+    assert row(still).waiting_for_parents and waits_for_parents(row(still))
+    listed = admin_client.get("/admin/django_delayq/message/", {"workflow": "waiting"})
+    assert f"/{still.message.pk}/change/" in listed.content.decode()
+    assert f"/{step.message.pk}/change/" not in listed.content.decode()
+    assert row(first).status == "pending"
+
+
 def test_prune_keeps_a_parent_while_a_child_needs_it():
     parent = enqueue("steps", {}).message
     child = enqueue("steps", {}, after=[parent])
