@@ -119,7 +119,9 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
 
     def send(items: list[dict[str, Any]], rollback: bool) -> None:
         with transaction.atomic():
-            plain = [i for i in items if i["queue"] == "chaos" and not i["delay"]]
+            plain = [
+                i for i in items if i["queue"] == "chaos" and not i["delay"] and not i.get("fan_in")
+            ]
             if len(plain) >= 3 and rng.random() < 0.5:
                 results = enqueue_many(
                     "chaos", [i["payload"] for i in plain], keys=[i["key"] for i in plain]
@@ -129,18 +131,19 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
                 rest = [i for i in items if i not in plain]
             else:
                 rest = items
-            written = []
+            written = {}  # by id: a shared key written twice is one parent
             for item in rest:
                 if item.get("fan_in"):
                     # A workflow's child: after every message written before it
                     # in this transaction (a duplicate key's row may be older).
-                    result = enqueue(item["queue"], item["payload"], key=item["key"], after=written)
+                    parents = list(written.values())
+                    result = enqueue(item["queue"], item["payload"], key=item["key"], after=parents)
                 else:
                     result = enqueue(
                         item["queue"], item["payload"], key=item["key"], delay=item["delay"] or None
                     )
                 item["outcome"] = result.outcome
-                written.append(result)
+                written[result.message.pk] = result
             Sent.objects.bulk_create(
                 Sent(
                     producer=index,
