@@ -60,6 +60,7 @@ from tests.chaos.common import (
     Consumer,
     Event,
     cut_connections,
+    empty,
     kill,
     kill_leftovers,
     now,
@@ -764,11 +765,10 @@ class Run:
 
 
 def reset() -> None:
-    from django_delayq.models import Message, WorkerState
+    from django_delayq.models import Dependency, Message, WorkerState
     from tests.testapp.models import Effect, Execution, Operation, Raised, Sent
 
-    for model in (Message, WorkerState, Execution, Effect, Sent, Operation, Raised):
-        model.objects.all().delete()
+    empty((Dependency, Message, WorkerState, Execution, Effect, Sent, Operation, Raised))
 
 
 # -- the invariants --------------------------------------------------------------

@@ -12,6 +12,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from django.db.models import Model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -167,6 +173,22 @@ def prepare_database(url: str, engines: tuple[str, ...] = ("postgresql",)) -> di
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["DELAYQ_TEST_DATABASE_NAME"] = config["NAME"]
     return env
+
+
+def empty(models: Iterable[type[Model]], using: str = "default") -> None:
+    """Empty a run's tables. PostgreSQL truncates them: a ``DELETE`` leaves every
+    row dead, and on a cluster without autovacuum each run's table then grows by
+    the last run's, slowing every scan of it (a full run took 3.5x as long)."""
+    from django.db import connections
+
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        names = ", ".join(connection.ops.quote_name(m._meta.db_table) for m in models)
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {names} CASCADE")
+        return
+    for model in models:
+        model.objects.using(using).all().delete()
 
 
 def setup_django(env: dict[str, str]) -> None:

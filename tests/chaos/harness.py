@@ -38,6 +38,7 @@ from tests.chaos.common import (
     Consumer,
     Event,
     cut_connections,
+    empty,
     kill,
     kill_leftovers,
     now,
@@ -376,8 +377,7 @@ def reset(using: str = "default") -> None:
     from django_delayq.models import Dependency, Message, WorkerState
     from tests.testapp.models import Effect, Execution, Sent
 
-    for model in (Dependency, Message, WorkerState, Execution, Effect, Sent):
-        model.objects.using(using).all().delete()
+    empty((Dependency, Message, WorkerState, Execution, Effect, Sent), using)
 
 
 # -- invariants --------------------------------------------------------------
