@@ -292,10 +292,10 @@ def workload(config: Config, vendor: str) -> list[dict[str, Any]]:
             elif where == "async-handler":
                 queue, payload["raise"] = "adv-async", name
             elif where in ("retried", "policy"):
-                # Its first run fails, whichever attempt that is: a first attempt
-                # spent by a killed worker that had only claimed it must not
-                # leave the callback untried.
-                payload["fail_once"] = True
+                # Its runs fail until the callback has raised, whichever attempts
+                # those are: a worker killed after the handler failed but before
+                # the callback ran must not leave the callback untried.
+                payload["fail_until"] = where
             elif where == "failed":
                 payload.update(fail=1, expect="failed")
                 options["max_attempts"] = 1
@@ -848,7 +848,7 @@ def _intervals_over(intervals: list[tuple[datetime, datetime, Any]], cap: int) -
 def check(run: Run, elapsed: float) -> Table:
     from django_delayq.cron.spec import parse_key
     from django_delayq.models import Message
-    from tests.testapp.adversary_handlers import ATOMIC_TIME_LIMIT, PLANNED_FAILURE, read_ledger
+    from tests.testapp.adversary_handlers import ATOMIC_TIME_LIMIT, read_ledger
     from tests.testapp.models import Effect, Operation, Raised, Sent
 
     c = run.config
@@ -1008,9 +1008,7 @@ def check(run: Run, elapsed: float) -> Table:
             table.violate(adv(m), "lost or wrong end", m["id"])
 
     # callbacks that raised: each (where, exception) once
-    fired_pairs = Counter(
-        (r["where"], r["exception"]) for r in raised if r["where"] != PLANNED_FAILURE
-    )
+    fired_pairs = Counter((r["where"], r["exception"]) for r in raised)
     for (_where, name), n in fired_pairs.items():
         table.fired[f"raise {name}"] += n
     for m in messages.values():

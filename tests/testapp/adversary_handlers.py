@@ -10,8 +10,10 @@ not be written reads as a run that went on until its worker was killed.
 Payload knobs: ``sleep`` (seconds, every attempt), ``sleep_first``
 (seconds, first attempt only), ``raise`` (an exception class name, see
 :data:`EXCEPTIONS`, raised once: by the first attempt that gets there),
-``fail`` (raise on attempts <= fail), ``fail_once`` (raise on the first run,
-whichever attempt it is), ``v`` (a version number, recorded), ``mode`` of the
+``fail`` (raise on attempts <= fail), ``fail_until`` (raise on every run
+until the callback it names has raised: a worker killed after the handler
+failed but before the retry policy or the receiver ran spends a run that
+did not reach the callback), ``v`` (a version number, recorded), ``mode`` of the
 atomic handler.
 
 The receivers and the policy raise only for messages of ``adv-cb`` whose
@@ -48,8 +50,6 @@ EXCEPTIONS: dict[str, type[BaseException]] = {
 }
 #: The callbacks the ``callbacks`` adversary makes raise (payload ``where``).
 CALLBACKS = ("handler", "async-handler", "started", "succeeded", "retried", "failed", "policy")
-#: The ``Raised`` row of a message's planned failure (``fail_once``): its first run fails.
-PLANNED_FAILURE = "planned failure"
 #: The atomic handler's time limit (``mode="outlive"`` sleeps past it on its first attempt).
 ATOMIC_TIME_LIMIT = 1.0
 ATTEMPTS = 50  # workers are killed on purpose: a crash spends the attempt it interrupts
@@ -157,7 +157,8 @@ def _body(message: Any) -> None:
     if payload.get("raise") and _first_time(message.pk, "handler", payload["raise"]):
         raise EXCEPTIONS[payload["raise"]](f"raised by the handler of message {message.pk}")
     failing = message.attempt_count <= int(payload.get("fail", 0)) or (
-        payload.get("fail_once") and _first_time(message.pk, PLANNED_FAILURE, "Planned")
+        payload.get("fail_until")
+        and not Raised.objects.filter(message_id=message.pk, where=payload["fail_until"]).exists()
     )
     if failing:
         raise Planned(f"policy:{message.pk}" if payload.get("where") == "policy" else "planned")
