@@ -191,22 +191,37 @@ def metrics(quick: bool) -> list[Metric]:
                "child_after_last_parent_ms"),
         Metric("enqueue_fan_in", f"workflow: enqueue one message after {fan:,}", "ms", False,
                ["enqueue_fan_in", "--n", str(fan)]),
+        Metric("wait_p50", "wait(): handler's first line -> wait() returns, p50", "ms", False,
+               ["wait", "--n", str(samples)]),
+        Metric("wait_p95", "wait(): handler's first line -> wait() returns, p95", "ms", False,
+               ["wait", "--n", str(samples)], "p95"),
     ]  # fmt: skip
 
 
-WORKFLOW_KEYS = ("chain", "chain_step", "fan_in", "fan_in_child", "enqueue_fan_in")
+WORKFLOW_KEYS = (
+    "chain",
+    "chain_step",
+    "fan_in",
+    "fan_in_child",
+    "enqueue_fan_in",
+    "wait_p50",
+    "wait_p95",
+)
 WORKFLOWS = (
-    "Workflows (the `chain`, `fan_in` and `enqueue_fan_in` rows; benchmarks/systems/common.py): "
-    "no peer here lets a message wait for others (n/a). A chain: N no-op steps, each "
-    "enqueued `after=` the one before, in one transaction, then one serving worker "
-    "(concurrency 1); steps per second from the first step's start to the last's, and the "
-    "median time from a step's start to its child's (the parent's run, its acknowledgement, "
-    "the release, the claim). Fan-in: N no-op messages and one enqueued after them all, one "
-    "worker at concurrency 4, against the same N without the child (each on a fresh table, "
-    "VACUUM ANALYZE before the worker starts): the wall time from the first start to the last "
-    "(with the child: its start), their ratio, and the child's start after the last parent's. "
-    "Enqueueing a fan-in's child: `enqueue(..., after=<N Messages>)` with the N in the table, "
-    "the median of 5."
+    "Workflows (the `chain`, `fan_in`, `enqueue_fan_in` and `wait` rows; "
+    "benchmarks/systems/common.py): no peer here lets a message wait for others (n/a). A "
+    "chain: N no-op steps, each enqueued `after=` the one before, in one transaction, then "
+    "one serving worker (concurrency 1); steps per second from the first step's start to the "
+    "last's, and the median time from a step's start to its child's (the parent's run, its "
+    "acknowledgement, the release, the claim). Fan-in: N no-op messages and one enqueued "
+    "after them all, one worker at concurrency 4, against the same N without the child (each "
+    "on a fresh table, VACUUM ANALYZE before the worker starts): the wall time from the first "
+    "start to the last (with the child: its start), their ratio, and the child's start after "
+    "the last parent's. Enqueueing a fan-in's child: `enqueue(..., after=<N Messages>)` with "
+    "the N in the table, the median of 5. `wait`: an idle serving worker, the handler writes "
+    "a row; one message at a time, 100-200 ms apart, enqueued and then waited for with "
+    "`wait()`: from the handler's first line to `wait()` returning (the write, the "
+    "acknowledgement, and how the waiter learns of it: a notification on PostgreSQL)."
 )
 EVERYDAY_KEYS = (
     "cpu_20", "cpu_200", "cpu_1000", "steady_cpu", "steady_p50", "steady_p95", "idle_cpu",

@@ -208,6 +208,9 @@ class Message(QueueColumns):
         editable=False,
         help_text=_("Messages wait for this one (enqueued with after=)."),
     )
+    # Somebody waits for its end (wait(), await_result()): on PostgreSQL a
+    # trigger then sends a NOTIFY when it ends (store/ended.py).
+    waited = models.BooleanField(default=False, db_default=False, editable=False)
 
     objects = MessageQuerySet.as_manager()
 

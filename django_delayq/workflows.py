@@ -3,23 +3,30 @@
 A message's parents (``enqueue(..., after=[...])``) are resolved and checked
 here, before anything is written; the edges and their release are
 ``store/dependencies.py``'s. :func:`wait` and :func:`await_result` read a
-message until it has finished, at a growing interval (10 ms to
-``WAIT_POLL_MAX``): one indexed read per look, on every database.
+message until it has finished: on PostgreSQL (psycopg 3) they sleep until
+the message's end is notified (``store/ended.py``), elsewhere until the next
+look, at a growing interval (10 ms to ``WAIT_POLL_MAX``). The looks go on
+under a notification too, as a safety net: one indexed read each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any
 
 from django_delayq.exceptions import MessageFailed
 from django_delayq.models import PARENT_FAILURE_POLICIES, Message
 from django_delayq.status import Status
+from django_delayq.store import ended
 from django_delayq.store.columns import batches
+
+logger = logging.getLogger("django_delayq.wait")
 
 #: The polling interval of :func:`wait` grows to this (seconds).
 WAIT_POLL_MAX = 0.5
@@ -162,6 +169,58 @@ class _Looks:
         return pause
 
 
+def _bell_setup(using: str) -> tuple[str | None, dict[str, Any]]:
+    """The statement that marks a waited row and the LISTEN connection's
+    parameters, or ``(None, {})`` where waits poll."""
+    from django_delayq.worker.listen import connection_params, listen_alias
+
+    sql = ended.mark_sql(using)
+    return sql, (connection_params(listen_alias(using)) if sql is not None else {})
+
+
+@contextmanager
+def _bell(row: Message) -> Iterator[ended.Bell | None]:
+    """A LISTEN connection on ``row``'s channel (``store/ended.py``), or None."""
+    sql, params = _bell_setup(row._state.db or "default")
+    if sql is None:
+        yield None
+        return
+    import psycopg
+
+    try:
+        conn = psycopg.connect(**params, autocommit=True)
+    except psycopg.Error:
+        logger.warning("wait: no LISTEN connection, polling instead", exc_info=True)
+        yield None
+        return
+    with conn:
+        conn.execute(f'LISTEN "{ended.channel(row.pk)}"')
+        yield ended.Bell(conn, sql, row.pk)
+
+
+@asynccontextmanager
+async def _async_bell(row: Message) -> AsyncIterator[ended.AsyncBell | None]:
+    """:func:`_bell` on an asyncio connection."""
+    from asgiref.sync import sync_to_async
+
+    setup = sync_to_async(_bell_setup, thread_sensitive=True)
+    sql, params = await setup(row._state.db or "default")
+    if sql is None:
+        yield None
+        return
+    import psycopg
+
+    try:
+        conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+    except psycopg.Error:
+        logger.warning("await_result: no LISTEN connection, polling instead", exc_info=True)
+        yield None
+        return
+    async with conn:
+        await conn.execute(f'LISTEN "{ended.channel(row.pk)}"')
+        yield ended.AsyncBell(conn, sql, row.pk)
+
+
 def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
     """Block until ``message`` has finished; return its result (``Message.result``).
 
@@ -180,11 +239,17 @@ def wait(message: Any, timeout: float | timedelta | None = None) -> Any:
     management commands and tests, or return at once and let the page poll.
     """
     looks = _Looks(_row(message), timeout)
-    while True:
-        done, result = _ended(looks.row)
-        if done:
-            return result
-        time.sleep(looks.pause())
+    with _bell(looks.row) as ringer:
+        while True:
+            if ringer is not None:
+                ringer.mark()
+            done, result = _ended(looks.row)
+            if done:
+                return result
+            if ringer is None:
+                time.sleep(looks.pause())
+            else:
+                ringer.ring(looks.pause())
 
 
 async def await_result(message: Any, timeout: float | timedelta | None = None) -> Any:
@@ -193,8 +258,14 @@ async def await_result(message: Any, timeout: float | timedelta | None = None) -
 
     looks = _Looks(_row(message), timeout)
     read = sync_to_async(_ended, thread_sensitive=True)
-    while True:
-        done, result = await read(looks.row)
-        if done:
-            return result
-        await asyncio.sleep(looks.pause())
+    async with _async_bell(looks.row) as ringer:
+        while True:
+            if ringer is not None:
+                await ringer.amark()
+            done, result = await read(looks.row)
+            if done:
+                return result
+            if ringer is None:
+                await asyncio.sleep(looks.pause())
+            else:
+                await ringer.aring(looks.pause())

@@ -102,6 +102,10 @@ class System:
         """Enqueue ``n`` no-op messages, and (``child``) one (``i`` "child") after them all."""
         raise NotImplementedError
 
+    def enqueue_and_wait(self, i: int, queue: str) -> None:
+        """Enqueue one message (payload ``i``) and block until it has run (its result)."""
+        raise NotImplementedError
+
     def enqueue_fan_in_child(self, n: int) -> float:
         """With ``n`` messages in the queue, enqueue one after them all; the seconds it took."""
         raise NotImplementedError
@@ -324,6 +328,45 @@ def measure_latency(system: System, samples: int) -> dict[str, Any]:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure_wait(system: System, samples: int) -> dict[str, Any]:
+    """Enqueue one message and wait for its result, on an idle worker: from the
+    handler's first line to the waiter's return (the handler writes a row, the
+    ack commits, the waiter hears of it), and the whole round trip. Settings
+    and pacing as in :func:`measure_latency`."""
+    system.install()
+    workers = Workers(
+        system,
+        processes=1,
+        concurrency=1,
+        queue="write",
+        env={"BENCH_PROBE_SAMPLES": "1", "BENCH_DEFAULTS": "1"},
+    )
+    try:
+        system.enqueue_one(-1, "write")
+        workers.wait_for(1, 120)
+        returned: dict[str, float] = {}
+        trips = []
+        rng = random.Random(7)
+        for i in range(samples):
+            time.sleep(0.1 + rng.random() * 0.1)
+            started = time.monotonic()
+            system.enqueue_and_wait(i, "write")
+            returned[str(i)] = time.monotonic()
+            trips.append((returned[str(i)] - started) * 1000)
+        probes = workers.wait_for(samples + 1, 30)
+    finally:
+        workers.stop()
+        system.close()
+    starts = {k: v for p in probes for k, v in p["starts"].items()}
+    heard = [(returned[k] - starts[k]) * 1000 for k in returned if k in starts]
+    return {
+        "value": statistics.median(heard),
+        "p95": _percentile(heard, 0.95),
+        "round_trip_p50_ms": statistics.median(trips),
+        "unit": "ms",
+    }
 
 
 def measure_chain(system: System, n: int) -> dict[str, Any]:
@@ -687,7 +730,7 @@ def measure_startup_first(system: System, runs: int) -> dict[str, Any]:
 
 
 #: What only a system with dependencies between its messages can do.
-WORKFLOW_METRICS = ("chain", "fan_in", "enqueue_fan_in")
+WORKFLOW_METRICS = ("chain", "fan_in", "enqueue_fan_in", "wait")
 
 
 def main(factory: Callable[[str], System]) -> None:
@@ -698,7 +741,7 @@ def main(factory: Callable[[str], System]) -> None:
         choices=[
             "enqueue_one", "enqueue_batch", "process", "latency", "delayed", "memory",
             "cpu", "idle", "startup_burst", "startup_first", "pressure",
-            "chain", "fan_in", "enqueue_fan_in",
+            "chain", "fan_in", "enqueue_fan_in", "wait",
         ],
     )  # fmt: skip
     parser.add_argument("--n", type=int, default=10_000, help="messages, samples or runs")
@@ -763,6 +806,8 @@ def main(factory: Callable[[str], System]) -> None:
             result = measure_fan_in(system, args.n, concurrency=args.concurrency)
         elif args.metric == "enqueue_fan_in":
             result = measure_enqueue_fan_in(system, args.n)
+        elif args.metric == "wait":
+            result = measure_wait(system, args.n)
         elif args.metric == "idle":
             result = measure_idle(system, args.seconds)
         elif args.metric == "startup_burst":

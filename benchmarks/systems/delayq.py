@@ -100,6 +100,11 @@ class DelayQ(System):
         enqueue("noop", {"i": "child"}, after=parents)
         return time.perf_counter() - started
 
+    def enqueue_and_wait(self, i: int, queue: str) -> None:
+        from django_delayq import enqueue, wait
+
+        wait(enqueue(queue, {"i": i}), timeout=30)
+
     def worker_command(self, *, concurrency: int, queue: str = "noop") -> list[str]:
         return [
             sys.executable, "-m", "django", "run_delayq",

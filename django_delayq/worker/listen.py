@@ -59,10 +59,15 @@ def connect(alias: str) -> Any:
     """
     import psycopg
 
+    return psycopg.connect(**connection_params(alias), autocommit=True)
+
+
+def connection_params(alias: str) -> dict[str, Any]:
+    """The alias's psycopg connection parameters, without those only Django's wrapper takes."""
     params = dict(connections[alias].get_connection_params())
     for name in _DJANGO_ONLY_PARAMS:
         params.pop(name, None)
-    return psycopg.connect(**params, autocommit=True)
+    return params
 
 
 def hears_notify(listener: Any, using: str, timeout: float = PROBE_TIMEOUT) -> bool:

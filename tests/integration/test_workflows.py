@@ -321,6 +321,114 @@ def test_await_result_is_the_async_twin(serving_worker):
         async_to_sync(await_result)(cancelled.message, timeout=5)
 
 
+# -- wait, woken by a notification (PostgreSQL) -------------------------------------
+
+on_postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="waits poll where there is no LISTEN/NOTIFY"
+)
+
+
+@pytest.fixture
+def looks_never(monkeypatch):
+    """Waits whose next look is an hour away: only a notification ends them in time."""
+    from django_delayq import workflows
+
+    monkeypatch.setattr(workflows._Looks, "pause", lambda self: 3600.0)
+
+
+def marked(result) -> bool:
+    return Message.objects.filter(pk=result.message.pk, waited=True).exists()
+
+
+@on_postgresql
+@pytest.mark.parametrize("waiter", ["wait", "await_result"])
+def test_a_wait_on_postgresql_is_woken_by_the_messages_end(run_worker, looks_never, waiter):
+    result = enqueue("steps", {"returns": 7})
+    call = wait if waiter == "wait" else async_to_sync(await_result)
+    outcome: dict = {}
+
+    def waiting():
+        outcome["value"] = finishes_within(60, lambda: call(result))
+
+    import threading
+
+    thread = threading.Thread(target=waiting, daemon=True)
+    thread.start()
+    # Marked means listening, and its first read saw the message pending
+    # (nothing runs it before run_worker): from here only the NOTIFY wakes it.
+    wait_for(lambda: marked(result), timeout=20)
+    run_worker(["steps"])
+    thread.join(90)
+    assert outcome == {"value": 7}
+
+
+@on_postgresql
+def test_a_deleted_waited_message_wakes_its_waiter(looks_never):
+    result = enqueue("steps", {}, delay=3600)
+    import threading
+
+    outcome: dict = {}
+
+    def waiting():
+        try:
+            finishes_within(60, lambda: wait(result))
+        except MessageFailed as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=waiting, daemon=True)
+    thread.start()
+    wait_for(lambda: marked(result), timeout=20)
+    Message.objects.filter(pk=result.message.pk).delete()
+    thread.join(90)
+    assert "deleted" in str(outcome["error"])
+
+
+@on_postgresql
+def test_a_wait_never_queues_behind_a_row_lock_held_by_a_producer():
+    import threading
+
+    result = enqueue("steps", {}, delay=3600)
+    holding, release = threading.Event(), threading.Event()
+
+    def producer():
+        with transaction.atomic():
+            Message.objects.select_for_update().get(pk=result.message.pk)
+            holding.set()
+            release.wait(60)
+        connection.close()
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    assert holding.wait(20)
+    try:
+        with pytest.raises(TimeoutError):
+            finishes_within(20, lambda: wait(result, timeout=0.2))
+        assert not marked(result)
+    finally:
+        release.set()
+        thread.join(20)
+    with pytest.raises(TimeoutError):
+        wait(result, timeout=0.05)
+    assert marked(result)
+
+
+@on_postgresql
+def test_the_end_of_a_message_nobody_waits_for_sends_no_notification(run_worker):
+    from django_delayq.store.ended import channel
+    from django_delayq.worker.listen import connect
+
+    result = enqueue("steps", {})
+    listener = connect("default")
+    try:
+        listener.execute(f'LISTEN "{channel(result.message.pk)}"')
+        run_worker(["steps"])
+        assert row(result).status == "succeeded"
+        # The ack committed before run_worker returned: a NOTIFY would be here.
+        assert list(listener.notifies(timeout=0.5)) == []
+    finally:
+        listener.close()
+
+
 # -- bad input --------------------------------------------------------------------
 
 

@@ -85,6 +85,12 @@ USES: dict[str, Use] = {
     "drop_group_clear": use(
         lambda f: f.group_function, "table", "queue", "group", "status", "id", "due"
     ),
+    # ended.py
+    "create_ended_function": use(lambda f: f.notify, "table", "id", "status", "waited"),
+    "create_ended_trigger": use(lambda f: f.notify, "table", "id", "status", "waited"),
+    "create_deleted_trigger": use(lambda f: f.notify, "table", "id", "status", "waited"),
+    "drop_ended_triggers": use(lambda f: f.notify, "table", "id", "status", "waited"),
+    "mark_waited": use(lambda f: f.notify, "table", "id", "status", "waited"),
     # dependencies.py
     "end_edges": use(
         lambda f: f.array_parameters,

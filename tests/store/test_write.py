@@ -399,6 +399,7 @@ def test_template_sets_every_column_of_a_new_message() -> None:
         "has_children": False,
         "parents_waiting": 0,
         "parents_failed": 0,
+        "waited": False,
     }
     # Every column is named here: a new one needs its value decided.
     assert set(expected) == {f.attname for f in Message._meta.concrete_fields}

@@ -183,6 +183,43 @@ $body$
 -- name: drop_holder_gone
 DROP FUNCTION IF EXISTS delayq_holder_gone(varchar, timestamptz, interval)
 
+-- name: create_ended_function
+-- The notification that ends a wait (store.ended): the channel names the message.
+CREATE OR REPLACE FUNCTION delayq_ended_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('django_delayq_ended_' || OLD.{id}, '');
+    ELSE
+        PERFORM pg_notify('django_delayq_ended_' || NEW.{id}, '');
+    END IF;
+    RETURN NULL;
+END
+$body$
+
+-- name: create_ended_trigger
+-- Only rows somebody waits for call the function: for every other row the
+-- condition is one column test, and no event is queued (acks pay nothing).
+CREATE TRIGGER delayq_ended AFTER UPDATE OF {status} ON {table} FOR EACH ROW
+    WHEN (NEW.{waited} AND NEW.{status} IN ('succeeded', 'failed', 'cancelled'))
+    EXECUTE FUNCTION delayq_ended_notify()
+
+-- name: create_deleted_trigger
+CREATE TRIGGER delayq_ended_deleted AFTER DELETE ON {table} FOR EACH ROW
+    WHEN (OLD.{waited}) EXECUTE FUNCTION delayq_ended_notify()
+
+-- name: drop_ended_triggers
+DROP TRIGGER IF EXISTS delayq_ended ON {table};
+DROP TRIGGER IF EXISTS delayq_ended_deleted ON {table};
+DROP FUNCTION IF EXISTS delayq_ended_notify()
+
+-- name: mark_waited
+-- Ask for the notification: skip a row another transaction holds (a wait must
+-- never queue behind a producer's lock; it tries again at its next look).
+-- One row back when the row is marked (now or before), none when it was held.
+WITH r AS (SELECT {id}, {waited} FROM {table} WHERE {id} = %s FOR NO KEY UPDATE SKIP LOCKED),
+m AS (UPDATE {table} t SET {waited} = true FROM r WHERE t.{id} = r.{id} AND NOT r.{waited})
+SELECT 1 FROM r
+
 -- name: end_edges
 -- A workflow's edges whose parent has finished ({edges}: which ones, on the edge d
 -- or its parent p; the parent's status is tested so that no plan reads every
