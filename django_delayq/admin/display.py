@@ -36,18 +36,13 @@ def span(delta: timedelta) -> str:
     return durations.human(delta.total_seconds(), durations.LIST, whole=True)
 
 
-def waits_for_parents(message: Message) -> bool:
-    """A workflow's step that waits for its parents (``dependencies.waits``)."""
-    return dependencies.waits(message)
-
-
 def waits_for_group(message: Message) -> bool:
     """Held behind an earlier message of its group: pending, no due time, a group."""
     return (
         message.status == S.PENDING
         and message.next_attempt_time is None
         and bool(message.group)
-        and not waits_for_parents(message)
+        and not dependencies.waits(message)
     )
 
 
@@ -56,7 +51,7 @@ def describe_due(message: Message, now: datetime | None = None) -> str:
     empty when nothing is due."""
     when = message.next_attempt_time
     if when is None:
-        if waits_for_parents(message):
+        if dependencies.waits(message):
             return _("waiting for its parents")
         return _("waiting for its group") if waits_for_group(message) else ""
     delta = when - (now or clock.now())
@@ -250,7 +245,7 @@ class MessageDisplayAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("next attempt"))
     def due_display(self, obj: Message) -> SafeString | str:
-        if waits_for_parents(obj):
+        if dependencies.waits(obj):
             return format_html(
                 '<span class="dq-held">{}</span> ({})',
                 describe_due(obj),

@@ -26,9 +26,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from django_delayq import operations
-from django_delayq.admin.display import waits_for_parents
 from django_delayq.admin.messages import register_view
 from django_delayq.models import Dependency, Message
+from django_delayq.store import dependencies
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -57,7 +57,7 @@ class Step:
 
     @property
     def waiting(self) -> bool:
-        return waits_for_parents(self.message)
+        return dependencies.waits(self.message)
 
 
 def workflow_of(message: Message, limit: int = MAX_NODES) -> tuple[dict[int, Step], list[Any]]:

@@ -349,12 +349,12 @@ def _end_locked(kids: list[int], alias: str, done: Settled, skip_locked: bool) -
     waiting child's counts; then release or cancel those that can go. Returns the
     children another transaction held (``skip_locked``), whose edges stay open."""
     rows = Message._base_manager.using(alias).filter(pk__in=kids).order_by("pk")
-    got = set(rows.select_for_update(skip_locked=skip_locked).values_list("pk", flat=True))
+    got = _lock_children(rows, skip_locked)
     passed: set[int] = set()
     if len(got) < len(kids):
         passed = set(rows.exclude(pk__in=got).values_list("pk", flat=True))  # not deleted
         done.skipped = done.skipped or bool(passed)
-    locked = _lock_waiting(sorted(got), alias)
+    locked = {pk: place for pk, place in got.items() if place is not None}
     edges = list(
         Dependency.objects.using(alias)
         .filter(child_id__in=kids, parent_ended="", parent__status__in=list(FINISHED))
@@ -385,22 +385,39 @@ def _end_locked(kids: list[int], alias: str, done: Settled, skip_locked: bool) -
     return passed
 
 
+def _lock_children(
+    rows: QuerySet[Message], skip_locked: bool
+) -> dict[int, tuple[str, str, str, int, int] | None]:
+    """Lock ``rows`` in id order (``skip_locked``: passing those another transaction
+    holds) and read them in the same statement: id: (queue, group, policy, parents
+    waiting, parents failed) for a child that waits for its parents, else None."""
+    locked = rows.select_for_update(skip_locked=skip_locked).values_list(
+        "pk",
+        "status",
+        "next_attempt_time",
+        "queue",
+        "group",
+        "on_parent_failure",
+        "parents_waiting",
+        "parents_failed",
+    )
+    return {
+        pk: (queue, group, policy, waiting, failed)
+        if status == Status.PENDING and due is None and policy
+        else None
+        for pk, status, due, queue, group, policy, waiting, failed in locked
+    }
+
+
 def _lock_waiting(kids: Sequence[int], alias: str) -> dict[int, tuple[str, str, str, int, int]]:
-    """Lock those of ``kids`` that wait for parents, in id order; id: (queue, group,
-    policy, parents waiting, parents failed)."""
+    """Lock those of ``kids`` that wait for parents, in id order (see _lock_children)."""
     rows = (
         Message._base_manager.using(alias)
         .filter(pk__in=list(kids), status=Status.PENDING, next_attempt_time__isnull=True)
         .exclude(on_parent_failure="")
-        .select_for_update()
         .order_by("pk")
     )
-    return {
-        pk: (queue, group, policy, waiting, failed)
-        for pk, queue, group, policy, waiting, failed in rows.values_list(
-            "pk", "queue", "group", "on_parent_failure", "parents_waiting", "parents_failed"
-        )
-    }
+    return {pk: place for pk, place in _lock_children(rows, False).items() if place is not None}
 
 
 def _decide(locked: dict[int, tuple[str, str, str, int, int]], alias: str, done: Settled) -> None:

@@ -199,13 +199,54 @@ def test_a_grouped_child_waits_for_its_parents_and_for_its_group(run_worker):
     assert started(child) < started(after_child)
 
 
+def test_waits_for_a_row_in_hand_says_what_the_counts_query_says():
+    """``dependencies.waits`` (the admin's pages) is the twin of ``waiting_rows``
+    (the counts, the filter): for every combination of the columns they read."""
+    import itertools
+
+    from django.utils import timezone
+
+    combos = list(
+        itertools.product(
+            ["pending", "running", "succeeded", "failed", "cancelled"],
+            [None, timezone.now()],
+            ["", "cancel", "wait", "run"],
+            [0, 1, 2],
+            [0, 1],
+            ["", "g"],
+        )
+    )
+    rows = [
+        Message(
+            queue="twins",
+            key=f"k{i}",
+            payload={},
+            status=status,
+            next_attempt_time=due,
+            scheduled_time=timezone.now(),
+            on_parent_failure=policy,
+            parents_waiting=waiting,
+            parents_failed=failed,
+            group=group,
+        )
+        for i, (status, due, policy, waiting, failed, group) in enumerate(combos)
+    ]
+    Message.objects.bulk_create(rows)
+    counted = set(
+        Message.objects.filter(dependencies.waiting_rows(), queue="twins").values_list(
+            "key", flat=True
+        )
+    )
+    in_hand = {m.key for m in Message.objects.filter(queue="twins") if dependencies.waits(m)}
+    assert in_hand == counted
+    assert 0 < len(counted) < len(combos)
+
+
 def test_a_released_step_held_by_its_group_is_not_counted_as_waiting_for_parents(admin_client):
     """The counts of steps waiting for their parents (``delayq_status``, the
     dashboard, the metrics) took every held row that has parents: a step whose
     parents had let it go, held now by its ordered group, was counted with them,
     while its page and the workflow page said otherwise. One condition for all."""
-    from django_delayq.admin.display import waits_for_parents
-
     first = enqueue("steps", {}, group="g")  # runs first: holds the group
     parent = enqueue("steps", {})
     step = enqueue("steps", {}, group="g", after=[parent])
@@ -214,9 +255,9 @@ def test_a_released_step_held_by_its_group_is_not_counted_as_waiting_for_parents
     dependencies.settle([parent.message.pk], using="default")
     held = row(step)
     assert held.next_attempt_time is None and held.parents_waiting == 0  # its group holds it
-    assert not held.waiting_for_parents and not waits_for_parents(held)
+    assert not held.waiting_for_parents and not dependencies.waits(held)
     assert Message.objects.waiting_by_queue() == {"steps": 1}  # only `still`
-    assert row(still).waiting_for_parents and waits_for_parents(row(still))
+    assert row(still).waiting_for_parents and dependencies.waits(row(still))
     listed = admin_client.get("/admin/django_delayq/message/", {"workflow": "waiting"})
     assert f"/{still.message.pk}/change/" in listed.content.decode()
     assert f"/{step.message.pk}/change/" not in listed.content.decode()
