@@ -272,21 +272,20 @@ def _end_in_one_statement(
         "updated_at",
     )
     edge = quote_names(Dependency, connection, "parent_id", "child_id", "position", "parent_ended")
-    params: list[Any] = []
+    given: list[Any] = []  # the condition's parameters
     if column is None:
         condition = "TRUE"
     elif column == "parent_id":
         # On the parent's primary key: each parent read by its id.
         condition = f"p.{message['id']} = ANY(%s)"
-        params.append(list(ids or ()))
+        given.append(list(ids or ()))
     else:
         condition = f"d.{edge[column]} = ANY(%s)"
-        params.append(list(ids or ()))
+        given.append(list(ids or ()))
     can = features(connection)
     # The wake-up rides on the statement: one round trip less per step of a chain.
     notes = can.notify and get_config()["NOTIFY"]
-    if notes:
-        params.append(NOTIFY_CHANNEL)
+    tail = [NOTIFY_CHANNEL] if notes else []
     names = {
         "message": message["table"],
         "dependency": edge["table"],
@@ -296,33 +295,41 @@ def _end_in_one_statement(
     sweep = skip_locked and column is None
     # In autocommit only: the setting lasts until the end of the transaction.
     bounded = skip_locked and not sweep and not connection.in_atomic_block
-    sql = statement("end_edges", can).format(
-        notes=statement("end_edges_notes", can).format(queue=message["queue"]) if notes else "",
-        noted=", (SELECT count(*) FROM notes)" if notes else "",
-        locked=statement("end_edges_locked", can).format(**names) + " " if sweep else "",
-        only_locked=" " + statement("end_edges_only_locked", can).format(**names) if sweep else "",
-        lock_wait=" " + statement("end_edges_lock_wait", can).format(ms=int(LOCK_WAIT * 1000))
-        if bounded
-        else "",
-        edges=condition,
-        now=_now_sql(),
-        due=connection.ops.quote_name("next_attempt_time"),
-        policy=connection.ops.quote_name("on_parent_failure"),
-        **names,
-    )
-    if bounded:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                rows = cursor.fetchall()
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                raise
-            done.skipped = True  # every edge of this call stays open, for the sweep
-            return
-    else:
+
+    def sql(locking: bool, lock_wait: bool) -> str:
+        return statement("end_edges", can).format(
+            notes=statement("end_edges_notes", can).format(queue=message["queue"]) if notes else "",
+            noted=", (SELECT count(*) FROM notes)" if notes else "",
+            locked=statement("end_edges_locked", can).format(edges=condition, **names) + " "
+            if locking
+            else "",
+            only_locked=" " + statement("end_edges_only_locked", can).format(**names)
+            if locking
+            else "",
+            lock_wait=" " + statement("end_edges_lock_wait", can).format(ms=int(LOCK_WAIT * 1000))
+            if lock_wait
+            else "",
+            edges=condition,
+            now=_now_sql(),
+            due=connection.ops.quote_name("next_attempt_time"),
+            policy=connection.ops.quote_name("on_parent_failure"),
+            **names,
+        )
+
+    try:
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            # The locking form names the condition twice: the children, the edges.
+            cursor.execute(sql(sweep, bounded), given * (1 + sweep) + tail)
+            rows = cursor.fetchall()
+    except OperationalError as exc:
+        if not bounded or getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        # A child of this call is held elsewhere: lock the children first,
+        # passing those held (their edges stay open, for the sweep), and end
+        # the rest now. Planned at each use, but met only under contention.
+        done.skipped = True
+        with connection.cursor() as cursor:
+            cursor.execute(sql(True, False), given * 2 + tail)
             rows = cursor.fetchall()
     cancelled = []
     for pk, queue, group, status, released, *_ in rows:

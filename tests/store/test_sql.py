@@ -125,6 +125,7 @@ USES: dict[str, Use] = {
     "end_edges_locked": use(
         lambda f: f.array_parameters,
         "id",
+        "edges",
         "message",
         "child_id",
         "dependency",

@@ -236,7 +236,8 @@ SELECT 1 FROM r
 -- edges): their edges stay open until a later round. A worker's statement, in
 -- autocommit, waits for a child's lock at most {lock_wait}'s time: set for its
 -- own transaction (the statement) before the first edge is read, it fails the
--- statement rather than wait on (no round trip of its own for the setting).
+-- statement rather than wait on (no round trip of its own for the setting);
+-- the worker then sends it again as the sweep's form, for its own edges.
 -- {notes} is empty, or the CTE end_edges_notes (wake the idle workers of the
 -- released ones' queues, at commit) and {noted} what makes it run.
 WITH {locked}ended AS (
@@ -276,13 +277,15 @@ SELECT {id}, {queue}, {group}, {status}, released{noted} FROM changed
 WHERE released OR {status} = 'cancelled'
 
 -- name: end_edges_locked
--- end_edges' children of the sweep, locked first, passing those another
+-- end_edges' children (of the sweep, or of a worker's call whose wait for a
+-- child's lock timed out: {edges}), locked first, passing those another
 -- transaction holds (a producer's upsert of a step's key in a long transaction).
 kids AS MATERIALIZED (
     SELECT c.{id} FROM {message} c
     WHERE c.{id} IN (
         SELECT d.{child_id} FROM {dependency} d JOIN {message} p ON p.{id} = d.{parent_id}
-        WHERE d.{parent_ended} = '' AND p.{status} <> 'pending' AND p.{status} <> 'running')
+        WHERE d.{parent_ended} = '' AND p.{status} <> 'pending' AND p.{status} <> 'running'
+            AND ({edges}))
     ORDER BY c.{id} FOR NO KEY UPDATE SKIP LOCKED
 ), 
 
@@ -296,7 +299,8 @@ kids AS MATERIALIZED (
 )
 
 -- name: end_edges_only_locked
--- end_edges' edges of the sweep: those of the children it locked, or of none left.
+-- end_edges' edges when it locks their children first (end_edges_locked): those
+-- of the children it locked, or of none left.
  AND (d.{child_id} IN (SELECT {id} FROM kids)
     OR NOT EXISTS (SELECT 1 FROM {message} x WHERE x.{id} = d.{child_id}))
 
