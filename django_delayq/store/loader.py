@@ -19,6 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_delayq.flow import GROUP_MAX_LENGTH
 from django_delayq.models import KEY_MAX_LENGTH, Message
 from django_delayq.store import server
+from django_delayq.store.columns import inlined
 from django_delayq.store.features import features
 from django_delayq.store.groups import hold_back_loaded
 from django_delayq.store.inserts import Source, insert
@@ -119,11 +120,20 @@ def bulk_load(
             hold_back_sql=hold_back_sql,
             hold_back_params=hold_back_params,
         )
+    if grouped:
+        # SQLite uses delayq_group_idx, a partial index, only for a condition
+        # whose statuses are written into the statement: bound, each loaded
+        # row's probe of its group read the whole queue.
+        written, still_bound = inlined(connection, hold_back_sql, hold_back_params)
+        if still_bound:
+            hold_back_sql = hold_back_sql.replace("%s", "?")
+        else:  # the executor's driver takes the text as it is
+            hold_back_sql, hold_back_params = written.replace("%%", "%"), ()
     return BulkLoad(
         built.sql.replace("%s", "?"),
         params,
         existing_sql=statement("loaded_existing", can).format(table=table),
-        hold_back_sql=hold_back_sql.replace("%s", "?"),
+        hold_back_sql=hold_back_sql,
         hold_back_params=hold_back_params,
     )
 

@@ -209,6 +209,27 @@ def test_hold_back_loaded_holds_what_the_load_wrote_behind_its_group() -> None:
     assert behind not in due
 
 
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's planner")
+def test_on_sqlite_the_loaders_hold_back_probes_each_group_through_its_index() -> None:
+    # The Spark loader's hold-back, as its executors run it (plain sqlite3): with
+    # the statuses bound, SQLite could not use the partial delayq_group_idx, and
+    # each loaded row's probe read every message of the queue.
+    from django_delayq.store import loader, new_rows
+
+    shared = new_rows.template("q", kind="", priority=0, due=at(0), max_attempts=None, now=at(0))
+    load = loader.bulk_load(connection, shared, "ignore", grouped=True)
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.execute("CREATE TEMP TABLE IF NOT EXISTS delayq_load (ord INTEGER, key TEXT, grp TEXT)")
+    try:
+        rows = raw.execute("EXPLAIN QUERY PLAN " + load.hold_back_sql, load.hold_back_params)
+        plan = "\n".join(str(row) for row in rows.fetchall())
+    finally:
+        raw.execute("DROP TABLE temp.delayq_load")
+    assert "delayq_group_idx" in plan, plan
+    assert load.hold_back_params == ()
+
+
 def test_release_groups_lets_the_next_message_go_once_the_one_before_is_done(
     fake_clock: FakeClock,
 ) -> None:
