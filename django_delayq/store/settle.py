@@ -134,12 +134,10 @@ def update_held(
     sql += where
     if no_wait:
         return _without_waiting(connection, sql, params)
-    if returning:
-        # The acknowledgement of one claim's messages: the driver's cursor, as
-        # the claim and the acknowledgement of several claims take (direct.py).
-        return {row[0] for row in direct.fetch(connection, sql, params)}
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        if returning:
+            return {row[0] for row in cursor.fetchall()}
         return cursor.rowcount
 
 
