@@ -285,16 +285,9 @@ def measure_process(
     return {"value": _throughput(probes), "unit": "msg/s", "recorded_done": done}
 
 
-def measure_latency(system: System, samples: int) -> dict[str, Any]:
-    """Commit of a due message -> its handler's first line, on an idle worker.
-
-    What a user sees: the worker runs with the system's default settings
-    (``BENCH_DEFAULTS=1``: django-delayq's ``DELAYQ`` is empty; its
-    concurrency, 1, is every system's default or the benchmark's), the
-    handler writes a row (the ``write`` queue; the probe's time stamp is its
-    first line), and the messages come one at a time, 100-200 ms apart, each
-    committed on its own.
-    """
+def _idle_writer(system: System) -> Workers:
+    """One serving worker with the system's defaults on the ``write`` queue (its
+    handler writes a row), up and idle: it has run a first message."""
     system.install()
     workers = Workers(
         system,
@@ -306,6 +299,24 @@ def measure_latency(system: System, samples: int) -> dict[str, Any]:
     try:
         system.enqueue_one(-1, "write")  # the worker is up once this one ran
         workers.wait_for(1, 120)
+    except BaseException:
+        workers.stop()
+        raise
+    return workers
+
+
+def measure_latency(system: System, samples: int) -> dict[str, Any]:
+    """Commit of a due message -> its handler's first line, on an idle worker.
+
+    What a user sees: the worker runs with the system's default settings
+    (``BENCH_DEFAULTS=1``: django-delayq's ``DELAYQ`` is empty; its
+    concurrency, 1, is every system's default or the benchmark's), the
+    handler writes a row (the ``write`` queue; the probe's time stamp is its
+    first line), and the messages come one at a time, 100-200 ms apart, each
+    committed on its own.
+    """
+    workers = _idle_writer(system)
+    try:
         committed: dict[str, float] = {}
         rng = random.Random(7)
         for i in range(samples):
@@ -335,17 +346,8 @@ def measure_wait(system: System, samples: int) -> dict[str, Any]:
     handler's first line to the waiter's return (the handler writes a row, the
     ack commits, the waiter hears of it), and the whole round trip. Settings
     and pacing as in :func:`measure_latency`."""
-    system.install()
-    workers = Workers(
-        system,
-        processes=1,
-        concurrency=1,
-        queue="write",
-        env={"BENCH_PROBE_SAMPLES": "1", "BENCH_DEFAULTS": "1"},
-    )
+    workers = _idle_writer(system)
     try:
-        system.enqueue_one(-1, "write")
-        workers.wait_for(1, 120)
         returned: dict[str, float] = {}
         trips = []
         rng = random.Random(7)

@@ -326,11 +326,17 @@ def _end_in_one_statement(
             raise
         # A child of this call is held elsewhere: lock the children first,
         # passing those held (their edges stay open, for the sweep), and end
-        # the rest now. Planned at each use, but met only under contention.
+        # the rest now. Planned at each use, but met only under contention;
+        # bounded too (an edge's row lock), so it never waits longer either.
         done.skipped = True
-        with connection.cursor() as cursor:
-            cursor.execute(sql(True, False), given * 2 + tail)
-            rows = cursor.fetchall()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql(True, True), given * 2 + tail)
+                rows = cursor.fetchall()
+        except OperationalError as again:
+            if getattr(again.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            return  # every edge of this call stays open, for the sweep
     cancelled = []
     for pk, queue, group, status, released, *_ in rows:
         if released:
