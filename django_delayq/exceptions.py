@@ -97,6 +97,29 @@ class WorkerCrashed(DelayQError):
     exit_code = 70
 
 
+class WorkerNameTaken(DelayQError):
+    """A worker did not start, or stopped, because a live worker holds its name.
+
+    Workers hand back what runs under their name without being held by them
+    (an earlier run's messages, killed): two live workers under one name
+    would each hand back the other's running messages, to run again beside
+    it. A worker whose name's holder has stopped, or not kept its heartbeat's
+    promise, takes the name over. ``run_delayq`` exits with ``exit_code``, 78
+    (``EX_CONFIG``): give each worker a name of its own (``--name``; the
+    default, ``host:pid``, is one unless containers share a host name).
+    """
+
+    #: The exit status of ``run_delayq`` when its name is taken.
+    exit_code = 78
+
+    def __init__(self, name: str, host: str, pid: int) -> None:
+        self.name, self.host, self.pid = name, host, pid
+        super().__init__(
+            f"another worker named {name!r} is alive (host {host}, pid {pid}): "
+            "give each worker a name of its own (--name)"
+        )
+
+
 class MessageFailed(DelayQError):
     """``wait`` / ``await_result``: the message ended without succeeding.
 

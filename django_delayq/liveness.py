@@ -17,14 +17,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Collection
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
+from django_delayq.exceptions import WorkerNameTaken
 from django_delayq.models import WORKER_NAME_MAX_LENGTH, Message, WorkerState
 from django_delayq.routers import queue_alias
 from django_delayq.store import leases
@@ -54,6 +57,12 @@ def dead_after() -> timedelta:
     return to_timedelta(get_config()["WORKER_DEAD_AFTER"])
 
 
+#: The runs of a worker in this process that have registered and not stopped
+#: (``Worker.instance``): an earlier run of this process under its name that is
+#: not among them is over, whatever its row says.
+_live_here: set[uuid.UUID] = set()
+
+
 def register(
     name: str,
     *,
@@ -61,16 +70,30 @@ def register(
     concurrency: int,
     alive_for: timedelta | None = None,
     using: str | None = None,
+    instance: uuid.UUID | None = None,
+    wait: Callable[[float], bool] | None = None,
 ) -> None:
     """Record (or re-record, after a restart that reused the name) this worker.
 
     A row of this name belonged to an earlier worker under the same name
-    (``--name``, a pid used again after a reboot, a worker run again in the
-    same process): whatever it still holds (it was killed, or could not hand
-    everything back when it stopped) is handed back first, since from now on
-    this worker's heartbeat would keep it "alive" (see :func:`beat`).
+    (``--name``, a pid used again after a reboot or in a container, a worker
+    run again in the same process): whatever it still holds (it was killed,
+    or could not hand everything back when it stopped) is handed back first,
+    since from now on this worker's heartbeat would keep it "alive" (see
+    :func:`beat`).
+
+    Unless that worker lives: its heartbeat's promise (``alive_until``) holds
+    and it has not stopped. Then this one does not take the name
+    (:class:`~django_delayq.exceptions.WorkerNameTaken`), since each would
+    hand back the other's running messages. ``wait``: sleep this many seconds
+    (False if interrupted) until the promise runs out, and take the name if
+    no heartbeat renewed it; a worker restarted at once after a kill need
+    not be started again. A process of this host that is gone, or an
+    earlier run of this very process, is over whatever its row says.
     """
     alias = _db(using)
+    instance = instance or uuid.uuid4()
+    rows = WorkerState.objects.using(alias)
     fields = {
         "host": socket.gethostname()[:255],
         "pid": os.getpid(),
@@ -80,28 +103,98 @@ def register(
         "last_seen": clock.sql_now(),
         "alive_until": clock.sql_now_plus(alive_for or dead_after()),
         "stopped_at": None,
+        "instance": instance,
     }
-    rows = WorkerState.objects.using(alias)
-    if rows.filter(name=name).exists():
-        released = leases.release_workers([name], using=alias).get(name, 0)
-        if released:
-            logger.warning(
-                "an earlier worker named %s left %d message(s) running; released them",
-                name,
-                released,
-            )
-    if rows.filter(name=name).update(**fields):
-        return
+    # On SQLite every worker is on this host, and a long transaction holding
+    # the write lock keeps every heartbeat back: whether the process lives decides.
+    os_decides = connections[alias].vendor == "sqlite"
+    waited = False
+    holder: Mapping[str, Any] | None = None
+    for _ in range(3):
+        holder = (
+            rows.filter(name=name)
+            .annotate(db_now=clock.sql_now())
+            .values("instance", "host", "pid", "last_seen", "alive_until", "stopped_at", "db_now")
+            .first()
+        )
+        if holder is None:
+            try:
+                with transaction.atomic(using=alias):
+                    rows.create(name=name, **fields)
+            except IntegrityError:  # registered concurrently under the same name
+                continue
+            break
+        if not _over(holder, instance, os_decides):
+            # Its promise may run out unrenewed (killed, and restarted at once
+            # under the same name): wait for that once, then it is over or alive.
+            if wait is None or waited or holder["alive_until"] is None:
+                raise WorkerNameTaken(name, holder["host"], holder["pid"])
+            left = (holder["alive_until"] - holder["db_now"]).total_seconds()
+            waited = True
+            if not wait(min(max(left, 0.0), 60.0) + 0.05):
+                raise WorkerNameTaken(name, holder["host"], holder["pid"])
+            continue
+        # Taken only as read: a worker that took it meanwhile changed the row.
+        same = rows.filter(name=name, last_seen=holder["last_seen"])
+        same = (
+            same.filter(instance__isnull=True)
+            if holder["instance"] is None
+            else same.filter(instance=holder["instance"])
+        )
+        if not same.update(**fields):
+            continue
+        if holder["instance"] != instance:
+            released = leases.release_workers([name], using=alias).get(name, 0)
+            if released:
+                logger.warning(
+                    "an earlier worker named %s left %d message(s) running; released them",
+                    name,
+                    released,
+                )
+        break
+    else:  # the name changed hands under each look
+        raise WorkerNameTaken(name, *((holder["host"], holder["pid"]) if holder else ("?", 0)))
+    _live_here.add(instance)
+
+
+def _over(holder: Mapping[str, Any], instance: uuid.UUID, os_decides: bool) -> bool:
+    """Whether the run that holds a name (its row's values) is over: this very run,
+    stopped, an earlier run of this process, a gone process of this host, or past its
+    heartbeat's promise (``os_decides``: a live process of this host never is)."""
+    if holder["instance"] == instance or holder["stopped_at"] is not None:
+        return True
+    here = holder["host"] == socket.gethostname()[:255]
+    if here and holder["pid"] == os.getpid():
+        return holder["instance"] not in _live_here
+    if here and not _process_exists(holder["pid"]):
+        return True
+    if here and os_decides:
+        return False
+    return holder["alive_until"] is None or holder["alive_until"] <= holder["db_now"]
+
+
+def _process_exists(pid: int) -> bool:
+    if not 0 < pid < 2**31:
+        return False
     try:
-        with transaction.atomic(using=alias):
-            rows.create(name=name, **fields)
-    except IntegrityError:  # registered concurrently under the same name
-        rows.filter(name=name).update(**fields)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
-def beat(name: str, *, alive_for: timedelta | None = None, using: str | None = None) -> int:
+def beat(
+    name: str,
+    *,
+    alive_for: timedelta | None = None,
+    using: str | None = None,
+    instance: uuid.UUID | None = None,
+) -> int:
     """Refresh this worker's ``last_seen``, and promise it beats again within ``alive_for``
-    (``alive_until``); returns 0 if its row is gone.
+    (``alive_until``); returns 0 if its row is gone, or (``instance``) no longer this
+    run's: another worker took the name once this one broke its promise.
 
     While that promise holds, no claim takes a message this worker runs, even
     if its lease lapsed (``queries.claimable_condition``): the keeper that
@@ -111,22 +204,26 @@ def beat(name: str, *, alive_for: timedelta | None = None, using: str | None = N
     when their leases run out, as before.
     """
     now = clock.sql_now()
-    return (
-        WorkerState.objects.using(_db(using))
-        .filter(name=name)
-        .update(
-            last_seen=now,
-            alive_until=clock.sql_now_plus(alive_for or dead_after()),
-            stopped_at=None,
-        )
+    rows = WorkerState.objects.using(_db(using)).filter(name=name)
+    if instance is not None:
+        rows = rows.filter(instance=instance)
+    return rows.update(
+        last_seen=now,
+        alive_until=clock.sql_now_plus(alive_for or dead_after()),
+        stopped_at=None,
     )
 
 
-def mark_stopped(name: str, *, using: str | None = None) -> None:
+def mark_stopped(name: str, *, using: str | None = None, instance: uuid.UUID | None = None) -> None:
+    """Record a clean stop (``instance``: only if the name is still this run's, not a
+    successor's that took it over)."""
+    if instance is not None:
+        _live_here.discard(instance)
     now = clock.sql_now()
-    WorkerState.objects.using(_db(using)).filter(name=name).update(
-        last_seen=now, alive_until=now, stopped_at=now
-    )
+    rows = WorkerState.objects.using(_db(using)).filter(name=name)
+    if instance is not None:
+        rows = rows.filter(instance=instance)
+    rows.update(last_seen=now, alive_until=now, stopped_at=now)
 
 
 def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:

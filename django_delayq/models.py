@@ -460,6 +460,15 @@ class WorkerState(models.Model):
     stopped_at = models.DateTimeField(
         null=True, blank=True, help_text=_("Set by a clean shutdown; empty while running.")
     )
+    # Which process holds the name now (a random id per run): two live
+    # workers under one name would each take the other's messages for its
+    # own lost ones and hand them back (liveness.register).
+    instance = models.UUIDField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("Which run of the worker holds the name."),
+    )
 
     class Meta:
         verbose_name = _("worker")

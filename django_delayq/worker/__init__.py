@@ -26,6 +26,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -38,7 +39,7 @@ from django.db import connections, reset_queries
 from django_delayq import guard, liveness
 from django_delayq.conf import MAX_BATCH_SIZE, check_count, get_config, to_timedelta
 from django_delayq.dberrors import STATEMENT_ERROR_LIMIT, is_statement_error
-from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
+from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed, WorkerNameTaken
 from django_delayq.flow import Scope, limits_of
 from django_delayq.health import Health, HealthServer
 from django_delayq.models import Message
@@ -187,6 +188,10 @@ class Worker:
         self.burst = burst
         self.using = queue_alias(using)
         self.name = worker_name() if name is None else liveness.validate_worker_name(name)
+        # This run of the worker: another live worker under the same name is
+        # refused, and one that took the name over stops this one (liveness).
+        self.instance = uuid.uuid4()
+        self._name_taken: WorkerNameTaken | None = None
         self.poll_interval = to_timedelta(config["POLL_INTERVAL"]).total_seconds()
         self.shutdown_grace = to_timedelta(
             config["SHUTDOWN_GRACE"] if shutdown_grace is None else shutdown_grace
@@ -242,6 +247,7 @@ class Worker:
         self.keeper = Keeper(
             self.book,
             name=self.name,
+            instance=self.instance,
             queues=self.queues,
             concurrency=self.concurrency,
             using=self.using,
@@ -252,6 +258,7 @@ class Worker:
             processed=self._processed,
             on_database_error=self._database_error,
             on_heartbeat=self.health.beat,
+            on_name_taken=self._lost_name,
             supervisor=self.supervisor,
         )
         self.runner: Runner  # built by run(): its acknowledgements need the connection
@@ -368,8 +375,14 @@ class Worker:
             )
             self._log_wakeup(waker)
             try:
-                self.keeper.register()
+                # A live worker under this name: wait out its heartbeat's
+                # promise (a worker restarted at once after a kill), then
+                # take the name, or stop if it beat meanwhile.
+                self.keeper.register(wait=self._wait_for_name)
                 self.health.beat()
+            except WorkerNameTaken as exc:
+                self._name_taken = exc
+                self.stop()
             except DB_ERRORS:
                 logger.warning("could not record this worker's heartbeat yet", exc_info=True)
                 connections[self.using].close()
@@ -451,6 +464,8 @@ class Worker:
                 self.metrics.stop()
             if self.health_server is not None:
                 self.health_server.stop()
+        if self._name_taken is not None:
+            raise self._name_taken
         if self.supervisor.fatal is not None:
             raise WorkerCrashed(f"the worker stopped: {self.supervisor.fatal}")
         if refusal is not None:
@@ -548,6 +563,29 @@ class Worker:
         if self.claimer.waker is not None:
             self.claimer.waker.poke()
 
+    def _wait_for_name(self, seconds: float) -> bool:
+        """Wait for another worker's hold on this name to lapse; False if stopped meanwhile."""
+        logger.warning(
+            "another worker named %s may be alive; waiting %.1f s for its heartbeat",
+            self.name,
+            seconds,
+        )
+        waker = self.claimer.waker
+        deadline = time.monotonic() + seconds
+        while not self.book.stopping and (left := deadline - time.monotonic()) > 0:
+            if waker is not None:
+                waker.wait(left, listen=False)
+            else:
+                time.sleep(min(left, 0.1))
+        return not self.book.stopping
+
+    def _lost_name(self, exc: WorkerNameTaken) -> None:
+        """Another worker took this one's name (this one broke its heartbeat's promise,
+        and its messages were handed back): stop, and say so."""
+        logger.error("%s; this worker stops", exc)
+        self._name_taken = exc
+        self.stop()
+
     def _executor_died(self, thread: threading.Thread, error: BaseException) -> None:
         self.supervisor.died("executor", error, lambda: self.runner.replace(thread), thread=thread)
 
@@ -621,7 +659,7 @@ class Worker:
         step("stop the maintenance thread", self.maintenance.stop)
         step(
             "record this worker's stop",
-            lambda: liveness.mark_stopped(self.name, using=self.using),
+            lambda: liveness.mark_stopped(self.name, using=self.using, instance=self.instance),
         )
         if self.claimer.waker is not None:
             step("close the wake-up connection", self.claimer.waker.close)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 from django.db import connections
 
 from django_delayq import liveness
+from django_delayq.exceptions import WorkerNameTaken
 from django_delayq.logs import duration as duration_text
 from django_delayq.logs import message_fields, who
 from django_delayq.models import Message
@@ -51,6 +53,7 @@ class Keeper:
         book: Book,
         *,
         name: str,
+        instance: uuid.UUID | None = None,
         queues: Collection[str],
         concurrency: int,
         using: str,
@@ -61,10 +64,13 @@ class Keeper:
         processed: Callable[[InFlight, str, float], None],
         on_database_error: Callable[[], None],
         on_heartbeat: Callable[[], None] = lambda: None,
+        on_name_taken: Callable[[WorkerNameTaken], None] | None = None,
         supervisor: Supervisor | None = None,
     ) -> None:
         self.book = book
         self.name = name
+        self.instance = instance or uuid.uuid4()
+        self._on_name_taken = on_name_taken
         self.queues = list(queues)
         self.concurrency = concurrency
         self.using = using
@@ -121,13 +127,15 @@ class Keeper:
     def thread(self) -> threading.Thread:
         return self._background.thread
 
-    def register(self) -> None:
+    def register(self, wait: Callable[[float], bool] | None = None) -> None:
         liveness.register(
             self.name,
             queues=self.queues,
             concurrency=self.concurrency,
             alive_for=self.alive_for,
             using=self.using,
+            instance=self.instance,
+            wait=wait,
         )
 
     def _turn(self) -> None:
@@ -143,8 +151,19 @@ class Keeper:
                 self.release_unheld()
             if now >= self._next_beat:
                 self._next_beat = now + self.heartbeat_interval
-                if not liveness.beat(self.name, alive_for=self.alive_for, using=self.using):
-                    self.register()
+                if not liveness.beat(
+                    self.name, alive_for=self.alive_for, using=self.using, instance=self.instance
+                ):
+                    # The row is gone (deleted by hand, a flushed database), or
+                    # another worker took the name: this one broke its promise
+                    # and its messages were handed back.
+                    try:
+                        self.register()
+                    except WorkerNameTaken as exc:
+                        if self._on_name_taken is None:
+                            raise
+                        self._on_name_taken(exc)
+                        return
                 self._on_heartbeat()
         except DB_ERRORS as exc:
             if _sqlite_locked(exc):

@@ -21,6 +21,10 @@ worker must survive (each a small class below, :data:`ADVERSARIES`):
 - many ordered groups (100,000 in the full run), lanes with a per-worker and
   a global concurrency cap, and a cron schedule whose ticks come faster than
   they are handled, so that many are claimed past their grace;
+- impostors: a worker started under the name of a live one (``--name``, or
+  containers sharing a host name): it must refuse the name (exit status 78)
+  rather than hand back the live worker's running messages and run them
+  beside it;
 - workflows: fan-ins (a child enqueued ``after=`` many parents, which finish
   at the same moments on every worker; one parent in four fails, and its
   child must be cancelled) and chains, through the kills and cuts: no step
@@ -45,6 +49,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -122,6 +127,7 @@ class Config:
     kills: int = 8
     terms: int = 2
     cuts: int = 2
+    impostors: int = 2
     lease: float = 2.0
     heartbeat: float = 0.5
     dead_after: float = 3.0
@@ -149,6 +155,7 @@ class Config:
             kills=2,
             terms=1,
             cuts=1,
+            impostors=1,
             timeout=420.0,
         )
 
@@ -206,6 +213,7 @@ ADVERSARIES = [
     Adversary("lanes"),
     Adversary("cron ticks"),
     Adversary("workflows"),
+    Adversary("impostor"),
 ]
 INVARIANTS = (
     "lost or wrong end",
@@ -597,6 +605,9 @@ class Run:
         self.crashes = 0
         self.exit_codes: list[int] = []
         self.stuck: set[int] = set()
+        # Workers started under a live worker's name, with that worker's pid.
+        self.impostors: list[tuple[Consumer, int]] = []
+        self.impostor_exits: list[tuple[int | None, bool]] = []
         self.expected_runs = len(workload(config, self.vendor))
         self._spawned = 0
 
@@ -631,14 +642,20 @@ class Run:
         self.consumers.remove(consumer)
         self.retired.append(consumer)
 
+    def _killable(self) -> list[Consumer]:
+        """The consumers but those an impostor still running took the name of: its
+        refusal is what the run checks (a killed holder's name is free to take)."""
+        taken = {pid for impostor, pid in self.impostors if impostor.proc.poll() is None}
+        return [c for c in self.consumers if c.proc.pid not in taken] or self.consumers
+
     def kill_one(self) -> None:
-        victim = self.rng.choice(self.consumers)
+        victim = self.rng.choice(self._killable())
         self.events.append(kill(victim))
         self.retire(victim)
         self.spawn_consumer()
 
     def term_one(self) -> None:
-        victim = self.rng.choice(self.consumers)
+        victim = self.rng.choice(self._killable())
         wait_until_consuming(victim)
         victim.expected_exit = True
         self.events.append(Event(now(), "term", victim.proc.pid))
@@ -648,6 +665,31 @@ class Run:
 
     def cut(self) -> None:
         self.events.append(cut_connections())
+
+    def impostor(self) -> None:
+        """Start a worker under the (default) name of a live one."""
+        victim = self.rng.choice(self.consumers)
+        if not wait_until_consuming(victim):
+            return
+        name = f"{socket.gethostname()}:{victim.proc.pid}"
+        queues = QUEUES + (SQLITE_QUEUES if self.vendor == "sqlite" else ())
+        impostor = spawn_worker(
+            [*(a for q in queues for a in ("--queue", q)), "--name", name],
+            self.env,
+            self.workdir / f"impostor-{len(self.impostors) + 1}.log",
+        )
+        self.events.append(Event(now(), "impostor", impostor.proc.pid, victim.proc.pid))
+        self.impostors.append((impostor, victim.proc.pid))
+
+    def end_impostors(self) -> None:
+        """How each impostor ended: its exit status, and whether its victim had died
+        first (then taking the name over was right; it is stopped here)."""
+        gone = {e.pid for e in self.events if e.kind in ("kill", "term")}
+        for impostor, victim in self.impostors:
+            if impostor.proc.poll() is None and wait_until_consuming(impostor, 5):
+                impostor.proc.send_signal(signal.SIGTERM)
+            code = impostor.proc.wait(timeout=120)
+            self.impostor_exits.append((code, victim in gone))
 
     def progress(self) -> float:
         """Runs started so far (the ledger's new lines), over the runs expected."""
@@ -721,6 +763,8 @@ class Run:
         if self.applies("connections cut"):
             for i in range(c.cuts):
                 plan.append(((i + self.rng.uniform(0.3, 0.7)) / c.cuts * 0.7, "cut"))
+        for i in range(c.impostors):
+            plan.append(((i + self.rng.uniform(0.2, 0.8)) / c.impostors * 0.8, "impostor"))
         plan.sort()
         looked = 0.0
         while True:
@@ -756,6 +800,7 @@ class Run:
             consumer.expected_exit = True
             consumer.proc.send_signal(signal.SIGTERM)
         self.exit_codes = [consumer.proc.wait(timeout=120) for consumer in self.consumers]
+        self.end_impostors()
         terminated = {e.pid for e in self.events if e.kind == "term"}
         for consumer in self.retired:
             code = consumer.proc.wait(timeout=120)
@@ -909,7 +954,8 @@ def check(run: Run, elapsed: float) -> Table:
         return upto or r["started"]
 
     logs = "\n".join(
-        consumer.log.read_text(errors="replace") for consumer in [*run.retired, *run.consumers]
+        consumer.log.read_text(errors="replace")
+        for consumer in [*run.retired, *run.consumers, *(i for i, _ in run.impostors)]
     )
     # Attempts the workers recorded as failed though the handler returned (an
     # atomic handler's swallowed database error, a time limit), or handed back.
@@ -1117,6 +1163,15 @@ def check(run: Run, elapsed: float) -> Table:
     table.general["workers not exiting 0 on SIGTERM"] = sum(1 for x in run.exit_codes if x)
     table.general["coroutines never awaited"] = logs.count("was never awaited")
     table.general["threads that died unreplaced"] = logs.count("Exception in thread")
+    # A live worker's name refused (78); taken over only once its holder was killed.
+    from django_delayq.exceptions import WorkerNameTaken
+
+    table.fired["impostor"] = len(run.impostor_exits)
+    table.general["impostors that took a live worker's name"] = sum(
+        1
+        for code, victim_gone in run.impostor_exits
+        if code != WorkerNameTaken.exit_code and not victim_gone
+    )
     table.figures += [
         ("database", run.vendor),
         ("seconds to drain", round(elapsed, 1)),
@@ -1130,6 +1185,11 @@ def check(run: Run, elapsed: float) -> Table:
         ("time limits hit", logs.count("ran past its time limit")),
         ("missed ticks logged", logs.count("missed")),
         ("worker reconnects logged", logs.count("database reachable again")),
+        (
+            "impostors refused / took a killed worker's name",
+            f"{sum(1 for code, _ in run.impostor_exits if code == WorkerNameTaken.exit_code)}"
+            f" / {sum(1 for code, gone in run.impostor_exits if gone and code != 78)}",
+        ),
     ]
     return table
 

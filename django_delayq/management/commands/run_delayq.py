@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from django_delayq.conf import MAX_BATCH_SIZE, MAX_CONCURRENCY
-from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed
+from django_delayq.exceptions import DatabaseUnreachable, WorkerCrashed, WorkerNameTaken
 from django_delayq.management import arguments, reload
 from django_delayq.routers import queue_alias
 from django_delayq.store import server
@@ -189,7 +189,8 @@ class Command(BaseCommand):
             stats = worker.run()
         except ImproperlyConfigured as exc:  # e.g. the metrics port is taken
             raise CommandError(str(exc)) from exc
-        except (DatabaseUnreachable, WorkerCrashed) as exc:  # stopped; the supervisor restarts it
+        except (DatabaseUnreachable, WorkerCrashed, WorkerNameTaken) as exc:
+            # Stopped; the supervisor restarts it (a taken name: once its holder is gone).
             raise CommandError(str(exc), returncode=exc.exit_code) from exc
         finally:
             if getattr(self, "_called_from_command_line", False):
