@@ -26,6 +26,7 @@ from django_delayq.models import Message
 from django_delayq.status import Status
 from django_delayq.store.columns import db_alias, has_column, model_field, rows_with_literals
 from django_delayq.store.groups import wake
+from django_delayq.store.queries import QueueQuerySet
 from django_delayq.store.settle import ending, update_held
 
 
@@ -203,9 +204,10 @@ def release_unheld(
     *,
     using: str | None = None,
     limit: int = 1000,
+    model: type[Model] = Message,
 ) -> int:
-    """Hand back the running messages of this live worker that it does not hold and
-    whose lease lapsed; returns how many.
+    """Hand back the running messages (rows of ``model``) of this live worker that it
+    does not hold and whose lease lapsed; returns how many.
 
     A claim whose commit's reply was lost (the connection cut as it
     committed) leaves its rows running under the worker's name, yet in no
@@ -223,9 +225,11 @@ def release_unheld(
     meanwhile has ended, or is handed back only if it is still running with
     its lease lapsed, which the update checks again.
     """
-    alias = db_alias(using)
-    lapsed = (
-        Message.objects.using(alias).held_by([name]).filter(next_attempt_time__lt=clock.sql_now())
+    alias = db_alias(using, model)
+    lapsed: QueueQuerySet[Any] = (
+        QueueQuerySet(model, using=alias)
+        .held_by([name])
+        .filter(next_attempt_time__lt=clock.sql_now())
     )
     candidates = {pk for (pk,) in rows_with_literals(lapsed.values_list("pk")[:limit], alias)}
     if not candidates:
@@ -240,7 +244,7 @@ def release_unheld(
     # calling this extends every other lease, and must not stall behind it.
     with transaction.atomic(using=alias):
         ids = _unlocked(lapsed.filter(pk__in=unheld), alias)
-        return _hand_back(lapsed.filter(pk__in=ids), alias) if ids else 0
+        return _hand_back(lapsed.filter(pk__in=ids), alias, model) if ids else 0
 
 
 def _unlocked(rows: Any, alias: str) -> list[Any]:
@@ -252,18 +256,25 @@ def _unlocked(rows: Any, alias: str) -> list[Any]:
     return list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
 
 
-def _hand_back(rows: Any, alias: str) -> int:
+def _hand_back(rows: Any, alias: str, model: type[Model] = Message) -> int:
     """Make running ``rows`` due again at once, keeping their attempt count (the
     attempt was spent: a message that kills every worker that runs it still stops
     at ``max_attempts``); clearing the lock token fences off their holder."""
-    handed_back = {
+    handed_back: dict[str, Any] = {
         "status": Status.PENDING,
         "next_attempt_time": clock.sql_now(),
         "lock_token": None,
-        "updated_at": clock.sql_now(),
     }
-    queues = set(rows.order_by().values_list("queue", flat=True).distinct())
-    count = int(rows.update(**ending(Message, handed_back)))
+    if has_column(model, "updated_at"):
+        handed_back["updated_at"] = clock.sql_now()
+    if has_column(model, "queue"):
+        queues = set(rows.order_by().values_list("queue", flat=True).distinct())
+    else:  # a QueueFields model is its own queue, its handler's
+        from django_delayq.entity import queue_of
+
+        queue = queue_of(model)
+        queues = set() if queue is None else {queue}
+    count = int(rows.update(**ending(model, handed_back)))
     if count:
         wake(queues, using=alias)
     return count

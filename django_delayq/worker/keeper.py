@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections
+from django.db.models import Model
 
 from django_delayq import liveness
 from django_delayq.exceptions import WorkerNameTaken
@@ -207,14 +208,22 @@ class Keeper:
     def release_unheld(self) -> None:
         """Hand back the rows running under this worker's name that its book does not hold."""
         claiming = False
+        released = 0
+        # Every table its lanes claim from: a QueueFields model's rows left
+        # running under this name (a lost reply, a killed worker of the same
+        # name before it) are as stuck as messages, this worker being alive.
+        models: dict[type[Model], None] = dict.fromkeys(
+            [Message, *(lane.model for lane in self.book.lanes)]
+        )
+        for model in models:
 
-        def held() -> list[Any] | None:
-            nonlocal claiming
-            ids = self.book.held_ids(Message)
-            claiming = ids is None
-            return ids
+            def held(model: type[Model] = model) -> list[Any] | None:
+                nonlocal claiming
+                ids = self.book.held_ids(model)
+                claiming = claiming or ids is None
+                return ids
 
-        released = leases.release_unheld(self.name, held, using=self.using)
+            released += leases.release_unheld(self.name, held, using=self.using, model=model)
         if claiming:
             # A claim was on its way into the book: its rows cannot be told
             # from lost ones. Look again next turn.

@@ -740,6 +740,28 @@ def test_rows_of_a_claim_on_its_way_into_the_book_are_not_handed_back(settings):
     assert message.status == "pending"
 
 
+def test_rows_of_a_queue_fields_model_left_running_under_a_live_worker_come_back(settings):
+    """A ``QueueFields`` model's rows left running under a live worker's name (a claim
+    whose reply was lost; a killed worker of the same name before it, as containers
+    restarted under one host name and pid are) were never handed back: the keeper
+    looked at the message table only, and no claim takes a live worker's rows."""
+    from tests.testapp.models import Shipment
+
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 60}
+    row = Shipment(reference="lost")
+    row.schedule()
+    worker = Worker(["shipments"], concurrency=1, burst=True)
+    claim.claim([], 1, worker=worker.name, lease=timedelta(seconds=60), model=Shipment)
+    Shipment.objects.filter(pk=row.pk).update(
+        next_attempt_time=timezone.now() - timedelta(seconds=1)
+    )
+
+    worker.keeper.release_unheld()
+
+    row.refresh_from_db()
+    assert (row.status, row.lock_token) == ("pending", None)
+
+
 def lock_timeout(conn, seconds: str) -> None:
     """How long this session waits for a row lock (PostgreSQL, MariaDB/MySQL)."""
     with conn.cursor() as cursor:
