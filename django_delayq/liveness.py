@@ -57,10 +57,10 @@ def dead_after() -> timedelta:
     return to_timedelta(get_config()["WORKER_DEAD_AFTER"])
 
 
-#: The runs of a worker in this process that have registered and not stopped
-#: (``Worker.instance``): an earlier run of this process under its name that is
-#: not among them is over, whatever its row says.
-_live_here: set[uuid.UUID] = set()
+#: The runs of a worker in this process that have not ended (``Worker.run`` adds
+#: its ``instance`` and takes it away, whatever happens): an earlier run of this
+#: process under its name that is not among them is over, whatever its row says.
+RUNNING_HERE: set[uuid.UUID] = set()
 
 
 def register(
@@ -154,7 +154,6 @@ def register(
         break
     else:  # the name changed hands under each look
         raise WorkerNameTaken(name, *((holder["host"], holder["pid"]) if holder else ("?", 0)))
-    _live_here.add(instance)
 
 
 def _over(holder: Mapping[str, Any], instance: uuid.UUID, os_decides: bool) -> bool:
@@ -165,7 +164,7 @@ def _over(holder: Mapping[str, Any], instance: uuid.UUID, os_decides: bool) -> b
         return True
     here = holder["host"] == socket.gethostname()[:255]
     if here and holder["pid"] == os.getpid():
-        return holder["instance"] not in _live_here
+        return holder["instance"] not in RUNNING_HERE
     if here and not _process_exists(holder["pid"]):
         return True
     if here and os_decides:
@@ -217,8 +216,6 @@ def beat(
 def mark_stopped(name: str, *, using: str | None = None, instance: uuid.UUID | None = None) -> None:
     """Record a clean stop (``instance``: only if the name is still this run's, not a
     successor's that took it over)."""
-    if instance is not None:
-        _live_here.discard(instance)
     now = clock.sql_now()
     rows = WorkerState.objects.using(_db(using)).filter(name=name)
     if instance is not None:

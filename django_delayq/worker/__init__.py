@@ -363,6 +363,8 @@ class Worker:
         # or not) must find nothing before the worker exits.
         last_look = False
         gave_up = False
+        # Until it ends, this run holds its name in this process (liveness).
+        liveness.RUNNING_HERE.add(self.instance)
         try:
             # From here on, whatever fails is shut down in order (the finally).
             logger.info(
@@ -459,7 +461,10 @@ class Worker:
                     connections[self.using].close()
                     waker.wait(backoff)
         finally:
-            self._shutdown(acks)
+            try:
+                self._shutdown(acks)
+            finally:
+                liveness.RUNNING_HERE.discard(self.instance)
             if self.metrics is not None:
                 self.metrics.stop()
             if self.health_server is not None:

@@ -37,6 +37,7 @@ def elsewhere(name: str) -> None:
 def test_a_live_workers_name_is_refused_and_its_messages_kept(fake_clock):
     first, second = uuid.uuid4(), uuid.uuid4()
     register("shared", first)
+    elsewhere("shared")
     enqueue("default", {})
     held = claim.claim(["default"], 1, worker="shared", lease=timedelta(hours=1))
 
@@ -65,6 +66,7 @@ def test_a_name_whose_holder_broke_its_promise_is_taken_over(fake_clock):
     liveness.mark_stopped("shared", instance=first)
     state = WorkerState.objects.get(name="shared")
     assert (state.instance, state.stopped_at) == (second, None)
+    elsewhere("shared")
     with pytest.raises(WorkerNameTaken):
         register("shared", first)
 
@@ -132,11 +134,17 @@ def test_a_live_process_of_this_host_keeps_its_name_on_sqlite_whatever_its_heart
 
 def test_a_stopped_or_earlier_run_of_this_process_leaves_the_name_free():
     first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    register("shared", first)
-    liveness.mark_stopped("shared", instance=first)
-    register("shared", second)  # the first stopped
-    liveness._live_here.discard(second)  # a run of this process that ended unstopped
-    register("shared", third)
+    liveness.RUNNING_HERE.update((first, second))
+    try:
+        register("shared", first)
+        with pytest.raises(WorkerNameTaken):  # a run of this process still running
+            register("shared", second)
+        liveness.mark_stopped("shared", instance=first)
+        register("shared", second)  # the first stopped
+        liveness.RUNNING_HERE.discard(second)  # ended, without recording its stop
+        register("shared", third)
+    finally:
+        liveness.RUNNING_HERE.difference_update((first, second))
     assert WorkerState.objects.get(name="shared").instance == third
 
 
