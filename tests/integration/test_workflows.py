@@ -748,3 +748,87 @@ def test_any_graph_ends_as_its_rules_say_and_no_step_starts_before_its_parents(s
     # Waiting steps are held (no due time), and nothing is left to release.
     assert all(m.next_attempt_time is None for m in rows if m.status == "pending")
     assert not dependencies.settle(using="default")
+
+
+def statuses_after_retry(steps, before, retried):
+    """What each step must end as once the failed step ``retried`` is retried and then
+    succeeds: the steps that ran keep their outcome; those its failure cancelled or
+    held are decided again by the rules, with it succeeded."""
+    status = []
+    for i, step in enumerate(steps):
+        if i == retried:
+            status.append("succeeded")
+            continue
+        if before[i] in ("succeeded", "failed"):
+            status.append(before[i])
+            continue
+        ended = [status[p] for p in step["parents"]]
+        failed = any(s in ("failed", "cancelled") for s in ended)
+        waiting = any(s == "pending" for s in ended)
+        if failed and step["policy"] == "cancel":
+            status.append("cancelled")
+        elif waiting or (failed and step["policy"] == "wait"):
+            status.append("pending")
+        else:
+            status.append("failed" if step["fails"] else "succeeded")
+    return status
+
+
+@hypothesis.settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(steps=graphs(), pick=st.integers(0, 7))
+def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pick):
+    """An operator's retry of a failed step that then succeeds: the steps its failure
+    cancelled (down the graph) or held run; those another failure holds stay; the
+    steps that ran are not run again, and none starts before its parents ended."""
+    from django_delayq.operations import retry_failed
+    from django_delayq.testing import run_pending
+
+    Dependency.objects.all().delete()
+    Message.objects.all().delete()
+    Execution.objects.all().delete()
+    results = []
+    with transaction.atomic():
+        for i, step in enumerate(steps):
+            # Fails both attempts it is given; an operator's third one succeeds.
+            payload = {"fail": 2} if step["fails"] else {"echo": i}
+            results.append(
+                enqueue(
+                    "steps",
+                    payload,
+                    key=f"s{i}",
+                    after=[results[p] for p in step["parents"]] or None,
+                    on_parent_failure=step["policy"],
+                )
+            )
+    run_pending("steps")
+    before = [row(r).status for r in results]
+    assert before == expected_statuses(steps)
+    failed = [i for i, status in enumerate(before) if status == "failed"]
+    hypothesis.assume(failed)
+    retried = failed[pick % len(failed)]
+    runs_before = {
+        r.message.pk: Execution.objects.filter(message_id=r.message.pk).count() for r in results
+    }
+
+    assert retry_failed(Message.objects.filter(pk=results[retried].message.pk)).changed == 1
+    run_pending("steps")
+
+    rows = [row(r) for r in results]
+    assert [m.status for m in rows] == statuses_after_retry(steps, before, retried)
+    for i, (step, message) in enumerate(zip(steps, rows, strict=True)):
+        runs = list(Execution.objects.filter(message_id=message.pk).order_by("started"))
+        again = runs[runs_before[message.pk] :]
+        if i == retried:
+            assert len(again) == 1
+        elif before[i] in ("succeeded", "failed"):
+            assert not again, "a step that had ended ran again"
+        elif message.status in ("pending", "cancelled"):
+            assert not runs, "a step ran that its parents held back"
+        for p in step["parents"] if again else []:
+            assert rows[p].finished_at <= again[0].started, "a step started before a parent"
+    assert all(m.next_attempt_time is None for m in rows if m.status == "pending")
+    assert not dependencies.settle(using="default")
