@@ -60,7 +60,7 @@ from django_delayq import clock
 from django_delayq.conf import get_config
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Dependency, Message
-from django_delayq.status import ACTIVE, FINISHED, Status
+from django_delayq.status import FINISHED, Status
 from django_delayq.store.columns import IN_BATCH, batches, db_alias, quote_names
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
@@ -661,11 +661,18 @@ def children_of(message: Message) -> QuerySet[Message]:
 
 
 def needed(rows: QuerySet[Any]) -> QuerySet[Any]:
-    """``rows`` without the parents that a child still waiting or running needs (its
-    result, its edge): what pruning and deleting finished messages must keep."""
+    """``rows`` without the parents that a child which may still run needs (its result,
+    its edge): what pruning and archiving finished messages must keep.
+
+    A child that failed or was cancelled may still run: an operator's retry
+    runs it again, and it reads its parents' results then. Only a child that
+    succeeded (or is gone) needs its parents no more.
+    """
     if rows.model is not Message:
         return rows
     return rows.exclude(
         Q(has_children=True)
-        & Exists(Dependency.objects.filter(parent=OuterRef("pk"), child__status__in=list(ACTIVE)))
+        & Exists(
+            Dependency.objects.filter(parent=OuterRef("pk")).exclude(child__status=Status.SUCCEEDED)
+        )
     )

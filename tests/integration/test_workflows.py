@@ -779,12 +779,25 @@ def statuses_after_retry(steps, before, retried):
     deadline=None,
     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
 )
-@hypothesis.given(steps=graphs(), pick=st.integers(0, 7))
-def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pick):
+@hypothesis.given(steps=graphs(), pick=st.integers(0, 7), prune=st.booleans())
+@hypothesis.example(  # pruning took the parent of a failed step that a retry runs again
+    steps=[
+        {"parents": [], "policy": "cancel", "fails": False},
+        {"parents": [0], "policy": "cancel", "fails": True},
+        {"parents": [1], "policy": "wait", "fails": False},
+    ],
+    pick=0,
+    prune=True,
+)
+def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pick, prune):
     """An operator's retry of a failed step that then succeeds: the steps its failure
     cancelled (down the graph) or held run; those another failure holds stay; the
-    steps that ran are not run again, and none starts before its parents ended."""
+    steps that ran are not run again, and none starts before its parents ended.
+
+    ``prune``: finished steps are pruned first, but those whose children still
+    wait (their status and result are what the children read)."""
     from django_delayq.operations import retry_failed
+    from django_delayq.retention import prune as prune_finished
     from django_delayq.testing import run_pending
 
     Dependency.objects.all().delete()
@@ -807,7 +820,27 @@ def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pi
     run_pending("steps")
     before = [row(r).status for r in results]
     assert before == expected_statuses(steps)
-    failed = [i for i, status in enumerate(before) if status == "failed"]
+    if prune:
+        prune_finished(older_than=0)
+        kept = set(Message.objects.values_list("pk", flat=True))
+        # Kept: what waits, and a parent of a kept child that may still run (waiting,
+        # or failed or cancelled: an operator's retry runs it again); a child pruned
+        # takes its edges, and its parents may go.
+        keep = [False] * len(steps)
+        for i in reversed(range(len(steps))):
+            keep[i] = before[i] == "pending" or any(
+                keep[c] and before[c] != "succeeded" and i in s["parents"]
+                for c, s in enumerate(steps)
+            )
+        assert [r.message.pk in kept for r in results] == keep, (
+            "pruned a step that a child may still need, or kept one nobody needs"
+        )
+    present = set(Message.objects.values_list("pk", flat=True))
+    failed = [
+        i
+        for i, status in enumerate(before)
+        if status == "failed" and results[i].message.pk in present
+    ]
     hypothesis.assume(failed)
     retried = failed[pick % len(failed)]
     runs_before = {
@@ -817,9 +850,14 @@ def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pi
     assert retry_failed(Message.objects.filter(pk=results[retried].message.pk)).changed == 1
     run_pending("steps")
 
-    rows = [row(r) for r in results]
-    assert [m.status for m in rows] == statuses_after_retry(steps, before, retried)
+    rows = [Message.objects.filter(pk=r.message.pk).first() for r in results]
+    want = statuses_after_retry(steps, before, retried)
+    assert [m and m.status for m in rows] == [
+        w if m is not None else None for m, w in zip(rows, want, strict=True)
+    ]
     for i, (step, message) in enumerate(zip(steps, rows, strict=True)):
+        if message is None:
+            continue
         runs = list(Execution.objects.filter(message_id=message.pk).order_by("started"))
         again = runs[runs_before[message.pk] :]
         if i == retried:
@@ -829,6 +867,7 @@ def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pi
         elif message.status in ("pending", "cancelled"):
             assert not runs, "a step ran that its parents held back"
         for p in step["parents"] if again else []:
+            assert rows[p] is not None, "a parent of a step that ran again was pruned"
             assert rows[p].finished_at <= again[0].started, "a step started before a parent"
-    assert all(m.next_attempt_time is None for m in rows if m.status == "pending")
+    assert all(m.next_attempt_time is None for m in rows if m and m.status == "pending")
     assert not dependencies.settle(using="default")

@@ -381,9 +381,13 @@ def test_the_archive_leaves_a_parent_whose_children_still_wait() -> None:
     parent = finished("mail", "parent", finished_at=old)
     done_parent = finished("mail", "done-parent", finished_at=old)
     lone = finished("mail", "lone", finished_at=old)
+    failed_parent = finished("mail", "failed-parent", finished_at=old)
     enqueue("mail", {}, key="child", after=[parent], on_parent_failure="wait", delay=3600)
     child = enqueue("mail", {}, key="done-child", after=[done_parent]).message
     Message.objects.filter(pk=child.pk).update(status="succeeded", finished_at=old)
+    # A failed child may run again (an operator's retry): its parent stays too.
+    failed = enqueue("mail", {}, key="failed-child", after=[failed_parent]).message
+    Message.objects.filter(pk=failed.pk).update(status="failed", finished_at=timezone.now())
     options = archive_job.validate_options(
         archive_job.ArchiveOptions(dest="/tmp/unused", older_than=86400, queues=("mail",))
     )
@@ -394,6 +398,7 @@ def test_the_archive_leaves_a_parent_whose_children_still_wait() -> None:
         cursor.execute(f"SELECT id FROM {table} WHERE {where}")
         selected = {row[0] for row in cursor.fetchall()}
     assert parent.pk not in selected
+    assert failed_parent.pk not in selected
     assert {done_parent.pk, lone.pk, child.pk} <= selected
     dry = set(archive_job._selection(options, cutoff).values_list("pk", flat=True))
     assert dry == selected

@@ -162,14 +162,15 @@ def _where_sql(options: ArchiveOptions, cutoff: datetime) -> str:
     ]
     if options.queues:
         parts.append(f"{qn('queue')} IN ({', '.join(literal(q) for q in options.queues)})")
-    # A workflow's parent stays while a child that needs it may still run
-    # (store.dependencies.needed, as pruning keeps it).
+    # A workflow's parent stays while a child that needs it may still run:
+    # waiting, running, or failed or cancelled (a retry runs it again), as
+    # pruning keeps it (store.dependencies.needed).
     table = qn(Message._meta.db_table)
     parts.append(
         f"NOT ({qn('has_children')} AND EXISTS (SELECT 1 FROM {qn(Dependency._meta.db_table)} d"
         f" JOIN {table} c ON c.{qn('id')} = d.{qn('child_id')}"
         f" WHERE d.{qn('parent_id')} = {table}.{qn('id')}"
-        f" AND c.{qn('status')} IN ('pending', 'running')))"
+        f" AND c.{qn('status')} <> 'succeeded'))"
     )
     return " AND ".join(parts)
 
