@@ -750,14 +750,15 @@ def test_any_graph_ends_as_its_rules_say_and_no_step_starts_before_its_parents(s
     assert not dependencies.settle(using="default")
 
 
-def statuses_after_retry(steps, before, retried):
-    """What each step must end as once the failed step ``retried`` is retried and then
-    succeeds: the steps that ran keep their outcome; those its failure cancelled or
-    held are decided again by the rules, with it succeeded."""
+def statuses_after(steps, before, changed, to):
+    """What each step must end as once an operator made step ``changed`` end ``to``
+    (a retried failed step that then succeeds, a cancelled waiting one): the steps
+    that ran keep their outcome; those waiting or cancelled are decided again by the
+    rules, with it ended so."""
     status = []
     for i, step in enumerate(steps):
-        if i == retried:
-            status.append("succeeded")
+        if i == changed:
+            status.append(to)
             continue
         if before[i] in ("succeeded", "failed"):
             status.append(before[i])
@@ -851,7 +852,7 @@ def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pi
     run_pending("steps")
 
     rows = [Message.objects.filter(pk=r.message.pk).first() for r in results]
-    want = statuses_after_retry(steps, before, retried)
+    want = statuses_after(steps, before, retried, "succeeded")
     assert [m and m.status for m in rows] == [
         w if m is not None else None for m, w in zip(rows, want, strict=True)
     ]
@@ -870,4 +871,59 @@ def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pi
             assert rows[p] is not None, "a parent of a step that ran again was pruned"
             assert rows[p].finished_at <= again[0].started, "a step started before a parent"
     assert all(m.next_attempt_time is None for m in rows if m and m.status == "pending")
+    assert not dependencies.settle(using="default")
+
+
+@hypothesis.settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(steps=graphs(), pick=st.integers(0, 7))
+def test_any_graph_with_a_waiting_step_cancelled_goes_on_as_its_rules_say(steps, pick):
+    """An operator cancels a step that waits (for a held-back or failed parent): its
+    descendants follow their on_parent_failure, as after a parent's failure, and the
+    step itself never runs, even once its parents are retried."""
+    from django_delayq.operations import cancel, retry_failed
+    from django_delayq.testing import run_pending
+
+    Dependency.objects.all().delete()
+    Message.objects.all().delete()
+    Execution.objects.all().delete()
+    results = []
+    with transaction.atomic():
+        for i, step in enumerate(steps):
+            payload = {"fail": 2} if step["fails"] else {"echo": i}
+            results.append(
+                enqueue(
+                    "steps",
+                    payload,
+                    key=f"s{i}",
+                    after=[results[p] for p in step["parents"]] or None,
+                    on_parent_failure=step["policy"],
+                )
+            )
+    run_pending("steps")
+    before = [row(r).status for r in results]
+    waiting = [i for i, status in enumerate(before) if status == "pending"]
+    hypothesis.assume(waiting)
+    cancelled = waiting[pick % len(waiting)]
+
+    assert cancel(Message.objects.filter(pk=results[cancelled].message.pk)).changed == 1
+    run_pending("steps")
+
+    rows = [row(r) for r in results]
+    assert [m.status for m in rows] == statuses_after(steps, before, cancelled, "cancelled")
+    assert not Execution.objects.filter(message_id=rows[cancelled].pk).exists()
+    for i, step in enumerate(steps):
+        if rows[i].status in ("succeeded", "failed"):
+            first = Execution.objects.filter(message_id=rows[i].pk).order_by("started")[0]
+            for p in step["parents"]:
+                assert rows[p].finished_at <= first.started, "a step started before a parent"
+    # Retrying every failed step now never runs the cancelled one (no parent of it
+    # failed because of it: it was cancelled by hand, not by a parent).
+    retry_failed(Message.objects.filter(status="failed"))
+    run_pending("steps")
+    assert row(results[cancelled]).status == "cancelled"
+    assert not Execution.objects.filter(message_id=rows[cancelled].pk).exists()
     assert not dependencies.settle(using="default")
