@@ -72,6 +72,7 @@ def register(
     using: str | None = None,
     instance: uuid.UUID | None = None,
     wait: Callable[[float], bool] | None = None,
+    hand_back: bool = True,
 ) -> None:
     """Record (or re-record, after a restart that reused the name) this worker.
 
@@ -90,6 +91,11 @@ def register(
     no heartbeat renewed it; a worker restarted at once after a kill need
     not be started again. A process of this host that is gone, or an
     earlier run of this very process, is over whatever its row says.
+
+    ``hand_back=False``: a running worker taking its name back (its row was
+    deleted, or a successor that took it is over) hands nothing back here:
+    it holds messages under that name itself, and its keeper hands back the
+    others (``leases.release_unheld``, which asks its book).
     """
     alias = _db(using)
     instance = instance or uuid.uuid4()
@@ -143,7 +149,7 @@ def register(
         )
         if not same.update(**fields):
             continue
-        if holder["instance"] != instance:
+        if hand_back and holder["instance"] != instance:
             released = leases.release_workers([name], using=alias).get(name, 0)
             if released:
                 logger.warning(

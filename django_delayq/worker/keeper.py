@@ -128,7 +128,10 @@ class Keeper:
     def thread(self) -> threading.Thread:
         return self._background.thread
 
-    def register(self, wait: Callable[[float], bool] | None = None) -> None:
+    def register(self, wait: Callable[[float], bool] | None = None, *, again: bool = False) -> None:
+        """Record this worker; ``again``: while it runs (its row was gone or taken), when
+        what runs under its name is partly its own, and only the rest is handed back
+        (``look_for_unheld``)."""
         liveness.register(
             self.name,
             queues=self.queues,
@@ -137,7 +140,10 @@ class Keeper:
             using=self.using,
             instance=self.instance,
             wait=wait,
+            hand_back=not again,
         )
+        if again:
+            self.look_for_unheld()
 
     def _turn(self) -> None:
         now = time.monotonic()
@@ -159,7 +165,7 @@ class Keeper:
                     # another worker took the name: this one broke its promise
                     # and its messages were handed back.
                     try:
-                        self.register()
+                        self.register(again=True)
                     except WorkerNameTaken as exc:
                         if self._on_name_taken is None:
                             raise

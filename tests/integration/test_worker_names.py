@@ -171,3 +171,29 @@ def test_two_worker_processes_under_one_name_never_run_a_message_twice(spawn_wor
     assert "another worker named 'shared' is alive" in second.output
     assert Message.objects.get(pk=message.pk).status in ("running", "succeeded")
     assert first.proc.poll() is None
+
+
+def test_a_worker_taking_its_name_back_keeps_the_messages_it_runs(settings):
+    # Its successor under the name is over (it took the name while this worker
+    # broke its promise, then died): taking the name back must not hand back
+    # what this worker runs now, as a new worker hands back a dead one's.
+    from django.utils import timezone
+
+    from django_delayq.worker import Worker
+
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 60}
+    worker = Worker(["default"], concurrency=1, burst=True)
+    worker.keeper.register()
+    message = enqueue("default", {}).message
+    held = claim.claim(["default"], 1, worker=worker.name, lease=timedelta(seconds=60))
+    lane = worker.book.lanes[0]
+    worker.book.add([worker.claimer._in_flight(lane, held.messages[0], held.token)])
+    WorkerState.objects.filter(name=worker.name).update(
+        instance=uuid.uuid4(), host="another-host", pid=1, alive_until=timezone.now()
+    )
+
+    worker.keeper._turn()  # its heartbeat finds the name not its own, and takes it back
+
+    row = Message.objects.get(pk=message.pk)
+    assert (row.status, row.lock_token) == ("running", held.token)
+    assert WorkerState.objects.get(name=worker.name).instance == worker.instance
