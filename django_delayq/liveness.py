@@ -31,6 +31,7 @@ from django_delayq.exceptions import WorkerNameTaken
 from django_delayq.models import WORKER_NAME_MAX_LENGTH, Message, WorkerState
 from django_delayq.routers import queue_alias
 from django_delayq.store import leases
+from django_delayq.store.server import pid_alive, process_alive
 from django_delayq.values import check_text
 
 logger = logging.getLogger("django_delayq.worker")
@@ -171,23 +172,11 @@ def _over(holder: Mapping[str, Any], instance: uuid.UUID, os_decides: bool) -> b
     here = holder["host"] == socket.gethostname()[:255]
     if here and holder["pid"] == os.getpid():
         return holder["instance"] not in RUNNING_HERE
-    if here and not _process_exists(holder["pid"]):
+    if here and not pid_alive(holder["pid"]):
         return True
     if here and os_decides:
         return False
     return holder["alive_until"] is None or holder["alive_until"] <= holder["db_now"]
-
-
-def _process_exists(pid: int) -> bool:
-    if not 0 < pid < 2**31:
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def beat(
@@ -251,8 +240,6 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
         .values_list("name", flat=True)
     )
     if connections[alias].vendor == "sqlite":
-        from django_delayq.store.server import process_alive
-
         dead = [name for name in dead if not process_alive(name)]
     released = leases.release_workers(dead, using=alias)
     for name, count in released.items():

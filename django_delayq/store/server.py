@@ -168,15 +168,22 @@ def process_alive(name: str | None) -> int:
     (another host, a name of one's own) is left to the heartbeat.
     """
     host, _, pid = (name or "").rpartition(":")
-    if host != _HOST or not pid.isdigit() or not 0 < int(pid) < 2**31:
+    if host != _HOST or not pid.isdigit():
         return 0
+    return int(pid_alive(int(pid)))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host has ``pid``."""
+    if not 0 < pid < 2**31:
+        return False
     try:
-        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
-        return 0
+        return False
     except PermissionError:
-        return 1  # it exists, under another user
-    return 1
+        return True  # it exists, under another user
+    return True
 
 
 def register_functions(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
