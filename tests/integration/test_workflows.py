@@ -687,6 +687,31 @@ def graphs(draw):
     return steps
 
 
+def run_graph(steps, *, failures):
+    """Enqueue ``steps`` (``graphs()``) in one transaction on an empty table, a failing
+    step's handler failing its first ``failures`` attempts, and run what is due."""
+    from django_delayq.testing import run_pending
+
+    Dependency.objects.all().delete()
+    Message.objects.all().delete()
+    Execution.objects.all().delete()
+    results = []
+    with transaction.atomic():
+        for i, step in enumerate(steps):
+            payload = {"fail": failures} if step["fails"] else {"echo": i}
+            results.append(
+                enqueue(
+                    "steps",
+                    payload,
+                    key=f"s{i}",
+                    after=[results[p] for p in step["parents"]] or None,
+                    on_parent_failure=step["policy"],
+                )
+            )
+    run_pending("steps")
+    return results
+
+
 def expected_statuses(steps):
     """What each step must end as, by the rules of on_parent_failure."""
     status = []
@@ -710,25 +735,8 @@ def expected_statuses(steps):
 )
 @hypothesis.given(steps=graphs())
 def test_any_graph_ends_as_its_rules_say_and_no_step_starts_before_its_parents(steps):
-    from django_delayq.testing import run_pending
 
-    Dependency.objects.all().delete()
-    Message.objects.all().delete()
-    Execution.objects.all().delete()
-    results = []
-    with transaction.atomic():
-        for i, step in enumerate(steps):
-            payload = {"fail": 5} if step["fails"] else {"echo": i}
-            results.append(
-                enqueue(
-                    "steps",
-                    payload,
-                    key=f"s{i}",
-                    after=[results[p] for p in step["parents"]] or None,
-                    on_parent_failure=step["policy"],
-                )
-            )
-    run_pending("steps")
+    results = run_graph(steps, failures=5)
     rows = [row(r) for r in results]
     assert [m.status for m in rows] == expected_statuses(steps)
     for step, message in zip(steps, rows, strict=True):
@@ -801,24 +809,8 @@ def test_any_graph_with_a_failed_step_retried_goes_on_as_its_rules_say(steps, pi
     from django_delayq.retention import prune as prune_finished
     from django_delayq.testing import run_pending
 
-    Dependency.objects.all().delete()
-    Message.objects.all().delete()
-    Execution.objects.all().delete()
-    results = []
-    with transaction.atomic():
-        for i, step in enumerate(steps):
-            # Fails both attempts it is given; an operator's third one succeeds.
-            payload = {"fail": 2} if step["fails"] else {"echo": i}
-            results.append(
-                enqueue(
-                    "steps",
-                    payload,
-                    key=f"s{i}",
-                    after=[results[p] for p in step["parents"]] or None,
-                    on_parent_failure=step["policy"],
-                )
-            )
-    run_pending("steps")
+    # A failing step fails both attempts it is given; an operator's third succeeds.
+    results = run_graph(steps, failures=2)
     before = [row(r).status for r in results]
     assert before == expected_statuses(steps)
     if prune:
@@ -887,23 +879,7 @@ def test_any_graph_with_a_waiting_step_cancelled_goes_on_as_its_rules_say(steps,
     from django_delayq.operations import cancel, retry_failed
     from django_delayq.testing import run_pending
 
-    Dependency.objects.all().delete()
-    Message.objects.all().delete()
-    Execution.objects.all().delete()
-    results = []
-    with transaction.atomic():
-        for i, step in enumerate(steps):
-            payload = {"fail": 2} if step["fails"] else {"echo": i}
-            results.append(
-                enqueue(
-                    "steps",
-                    payload,
-                    key=f"s{i}",
-                    after=[results[p] for p in step["parents"]] or None,
-                    on_parent_failure=step["policy"],
-                )
-            )
-    run_pending("steps")
+    results = run_graph(steps, failures=2)
     before = [row(r).status for r in results]
     waiting = [i for i, status in enumerate(before) if status == "pending"]
     hypothesis.assume(waiting)
