@@ -128,13 +128,7 @@ def claim(
         to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
     )
     if features(connections[alias]).limit_in_subquery:
-        messages = _claim_in_one_statement(key, token)
-        # RETURNING has no order: run them highest priority first, then oldest.
-        if has_column(model, "priority"):
-            messages.sort(key=lambda m: (-m.priority, m.pk))
-        else:
-            messages.sort(key=lambda m: m.pk)
-        return Claim(token, messages)
+        return Claim(token, _in_running_order(model, _claim_in_one_statement(key, token)))
     # MariaDB/MySQL: no UPDATE ... RETURNING, and no LIMIT in an IN
     # subquery: lock the rows we pick (skipping those other workers are
     # picking, so claimers never wait on each other), mark them, read them.
@@ -146,8 +140,20 @@ def claim(
         if not ids:
             return Claim(token, [])
         rows.filter(pk__in=ids).update(**_claim_changes(key), lock_token=token)
-    messages = list(rows.filter(lock_token=token, status="running").order_by(*claim_order(model)))
-    return Claim(token, messages)
+    messages = list(rows.filter(lock_token=token, status="running"))
+    return Claim(token, _in_running_order(model, messages))
+
+
+def _in_running_order(model: type[Model], messages: list[Any]) -> list[Any]:
+    """A claimed batch in the order its rows run: highest priority first, then oldest.
+
+    The claim has overwritten every row's due time with its lease, so the
+    rows can no longer be sorted by it (ties, or one kind's shorter lease
+    first): their keys keep the order they were enqueued in on every database.
+    """
+    if has_column(model, "priority"):
+        return sorted(messages, key=lambda m: (-m.priority, m.pk))
+    return sorted(messages, key=lambda m: m.pk)
 
 
 def _in_claim_order(sql: str, model: type[Model], connection: Any) -> str:

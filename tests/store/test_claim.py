@@ -14,9 +14,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import hypothesis
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from hypothesis import strategies as st
 
 from django_delayq import clock, enqueue, enqueue_many
 from django_delayq.models import Message
@@ -82,6 +84,57 @@ def test_claim_takes_the_highest_priority_first_then_the_earliest_due(
 
     assert [m.pk for m in first.messages] == [high_early, high_late, mid_early]
     assert [m.pk for m in second.messages] == [mid_late, low]
+
+
+def test_a_claimed_batch_runs_highest_priority_first_then_oldest_whatever_the_leases(
+    fake_clock: FakeClock,
+) -> None:
+    """The batch's order is read after the claim wrote each row's lease over its due
+    time: on MariaDB it came back sorted by those leases (a shorter kind's lease first),
+    and rows of one lease in whatever order the table gave them."""
+    first = MESSAGE.add(kind="slow", priority=1, due=at(-5))
+    second = MESSAGE.add(kind="quick", priority=1, due=at(-10))
+    urgent = MESSAGE.add(kind="slow", priority=4, due=at(-1))
+    leases = {("q", "quick"): timedelta(seconds=5), ("q", "slow"): timedelta(hours=1)}
+
+    claimed = MESSAGE.claim(10, leases=leases)
+
+    assert [m.pk for m in claimed.messages] == [urgent, first, second]
+
+
+@hypothesis.settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(
+    rows=st.lists(
+        st.tuples(st.integers(-2, 2), st.sampled_from(["quick", "slow", "other"])),
+        min_size=1,
+        max_size=12,
+    ),
+    dues=st.randoms(use_true_random=False),
+    limit=st.integers(1, 12),
+)
+def test_any_claim_takes_the_first_rows_in_claim_order_and_runs_them_priority_then_oldest(
+    fake_clock: FakeClock, rows: list[tuple[int, str]], dues: Any, limit: int
+) -> None:
+    """Which rows a claim takes is decided by priority then due time; the order the
+    batch comes back in by priority then key, whatever the database and the kinds'
+    leases (which the claim writes over the due times)."""
+    Message.objects.all().delete()
+    offsets = dues.sample(range(1, 1000), len(rows))  # distinct due times, any order
+    added = [
+        (MESSAGE.add(priority=priority, kind=kind, due=at(-offset)), priority, offset)
+        for (priority, kind), offset in zip(rows, offsets, strict=True)
+    ]
+    leases = {("q", "quick"): timedelta(seconds=5), ("q", "slow"): timedelta(hours=1)}
+
+    claimed = [m.pk for m in MESSAGE.claim(limit, leases=leases).messages]
+
+    in_claim_order = sorted(added, key=lambda row: (-row[1], -row[2]))
+    taken = in_claim_order[:limit]
+    assert claimed == [pk for pk, _, _ in sorted(taken, key=lambda row: (-row[1], row[0]))]
 
 
 def test_claim_takes_at_most_limit_rows(table: Table, fake_clock: FakeClock) -> None:
