@@ -61,6 +61,11 @@ if os.environ.get("BENCH_CLAIM_DELAY"):
     # CLAIM_DELAY (seconds, or "none"), CPU against pickup under a steady load.
     _delay = os.environ["BENCH_CLAIM_DELAY"]
     DELAYQ["CLAIM_DELAY"] = None if _delay == "none" else float(_delay)
+if os.environ.get("BENCH_ACK_DELAY"):
+    # The same trade-off for ACK_DELAY (seconds, or "none"): fewer commits
+    # per message against a longer window of redelivery after a kill.
+    _delay = os.environ["BENCH_ACK_DELAY"]
+    DELAYQ["ACK_DELAY"] = None if _delay == "none" else float(_delay)
 if os.environ.get("BENCH_SOAK_RETENTION"):
     # benchmarks/soak.py: pruning on, with a retention short enough to reach.
     DELAYQ = {"RETENTION": float(os.environ["BENCH_SOAK_RETENTION"]), "PRUNE_INTERVAL": 30}
