@@ -92,6 +92,9 @@ class Keeper:
         self._on_database_error = on_database_error
         self._on_heartbeat = on_heartbeat
         self._next_extend = self._next_beat = 0.0
+        # When the last heartbeat was recorded (monotonic), to tell when one
+        # came too late: see _beaten.
+        self._beaten_at: float | None = None
         # When to look for rows running under this worker's name that its
         # book does not hold (see look_for_unheld): once a lease after the
         # start, and after every database error.
@@ -142,6 +145,7 @@ class Keeper:
             wait=wait,
             hand_back=not again,
         )
+        self._beaten_at = time.monotonic()  # registering records a heartbeat too
         if again:
             self.look_for_unheld()
 
@@ -171,6 +175,7 @@ class Keeper:
                             raise
                         self._on_name_taken(exc)
                         return
+                self._beaten()
                 self._on_heartbeat()
         except DB_ERRORS as exc:
             if _sqlite_locked(exc):
@@ -186,6 +191,31 @@ class Keeper:
             )
             self._on_database_error()
             connections[self.using].close()
+
+    def _beaten(self) -> None:
+        """Say so when this heartbeat came after the last one's promise had run out.
+
+        Meanwhile other workers may have taken this one for dead and handed
+        back what it ran (``WORKER_DEAD_AFTER``), or claimed its messages once
+        their leases lapsed: they may run again, even beside this worker's
+        attempts, whose outcomes are then discarded. Without this line an
+        overloaded host (a thread not scheduled for seconds) or a database
+        that did not answer looks like a duplicate run without a cause.
+        """
+        now = time.monotonic()
+        previous, self._beaten_at = self._beaten_at, now
+        if previous is None:
+            return
+        gap, promise = now - previous, self.alive_for.total_seconds()
+        if gap > promise:
+            logger.warning(
+                "heartbeat %.1f s after the previous one, past its promise of %.1f s: "
+                "other workers may have taken this worker for dead, and what it ran "
+                "meanwhile may run again (an overloaded host, a database that did not "
+                "answer?)",
+                gap,
+                promise,
+            )
 
     def extend_leases(self) -> None:
         """Push the lease of every held attempt; drop queued ones that turn out lost."""

@@ -185,3 +185,30 @@ def test_sqlite_keeps_the_messages_of_a_live_worker_of_this_host_whatever_its_he
 
     assert Message.objects.get(pk=held_live.messages[0].pk).status == "running"
     assert Message.objects.get(pk=held_gone.messages[0].pk).status == "pending"
+
+
+def test_a_heartbeat_that_comes_after_its_promise_ran_out_says_so(caplog):
+    # Other workers may have taken this one for dead meanwhile (an overloaded
+    # host, a database that did not answer): without this line, what they ran
+    # again of its messages looks like a duplicate run without a cause.
+    import logging
+    import time
+
+    from django_delayq.worker import Worker
+
+    worker = Worker(["default"], concurrency=1, burst=True)
+    keeper = worker.keeper
+    keeper.register()
+    caplog.set_level(logging.WARNING, logger="django_delayq.worker")
+
+    keeper._turn()  # on time: the promise made at registration holds
+    assert "past its promise" not in caplog.text
+
+    keeper._beaten_at = time.monotonic() - keeper.alive_for.total_seconds() - 5
+    keeper._next_beat = 0.0
+    keeper._turn()
+
+    (line,) = [r.getMessage() for r in caplog.records if "past its promise" in r.getMessage()]
+    promise = keeper.alive_for.total_seconds()
+    assert line.startswith("heartbeat ") and f"past its promise of {promise:.1f} s" in line
+    assert float(line.split()[1]) >= promise + 5
