@@ -51,7 +51,7 @@ from django_delayq.worker.acks import Settler
 from django_delayq.worker.aio import EventLoop
 from django_delayq.worker.background import DB_ERRORS, Supervisor
 from django_delayq.worker.claimer import Claimer
-from django_delayq.worker.execute import RELEASED_CHILDREN, Result
+from django_delayq.worker.execute import RELEASED_CHILDREN, TOLD, Result
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.keeper import Keeper
 from django_delayq.worker.listen import polling
@@ -531,17 +531,21 @@ class Worker:
         )
         if any(result in RESCHEDULED for _, result, _ in done):
             self.claimer.forget_next_due()
-        if any(
-            result in GROUP_DONE
-            and (getattr(item.row, "group", "") or item.row.__dict__.get(RELEASED_CHILDREN))
+        moved_on = [
+            item.row
             for item, result, _ in done
-        ):
+            if result in GROUP_DONE
+            and (bool(getattr(item.row, "group", "")) or item.row.__dict__.get(RELEASED_CHILDREN))
+        ]
+        if moved_on:
             # Recorded, and the next message of the group (or a workflow's next
             # steps) let go (execute.py): claim it now, with the slot it frees.
             # (A batched success lets a group go after its commit: the
             # acknowledgement buffer calls _acks_committed then.)
             wake = True
-            self.claimer.something_due()
+            self.claimer.something_due(
+                told=all(row.__dict__.get(RELEASED_CHILDREN) == TOLD for row in moved_on)
+            )
         for item, result, elapsed in done:
             self._processed(item, result, elapsed)
         if wake and self.claimer.waker is not None:

@@ -279,12 +279,19 @@ class Claimer:
             self._drained.discard(id(lane))
         return id(lane) not in self._drained
 
-    def something_due(self) -> None:
+    def something_due(self, *, told: bool = False) -> None:
         """Claim from every lane at the next round, which has not begun yet (safe from
         any thread): messages this worker cannot be told of became due (the next
-        messages of groups it moved on)."""
+        messages of groups it moved on).
+
+        ``told``: a notification (or SQLite's local wake-up) says so too, with
+        their due times (a workflow's released steps, store/dependencies.py), and
+        this worker listens: the next due time it read stays good. Read again, it
+        cost a query on the claim loop at every step of a chain, beside the step.
+        """
         self._due_now = True
-        self.forget_next_due()
+        if not (told and self._listening()):
+            self.forget_next_due()
 
     def acks_committed(self) -> None:
         """Batched acknowledgements were committed (called from the ack thread).

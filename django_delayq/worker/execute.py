@@ -542,8 +542,11 @@ def record_success(message: Message, duration: float, *, using: str, children: b
         _children_go_on(message, using)
 
 
-#: Set on a parent's row once its outcome released some of its children.
+#: Set on a parent's row once its outcome released some of its children: True, or
+#: TOLD when the release woke the workers of their queues itself (the claim loop
+#: need not read the next due time again, Claimer.something_due).
 RELEASED_CHILDREN = "_delayq_released_children"
+TOLD = "told"
 
 
 def _children_go_on(message: Message, using: str) -> None:
@@ -563,7 +566,8 @@ def _children_go_on(message: Message, using: str) -> None:
         connections[using].close()
         return
     # For the worker's bookkeeping (Worker._settled): its next claim may take them.
-    message.__dict__[RELEASED_CHILDREN] = bool(settled.released)
+    told = settled.released and not settled.grouped and not settled.queues
+    message.__dict__[RELEASED_CHILDREN] = TOLD if told else bool(settled.released)
 
 
 def _group_goes_on(message: Message, using: str) -> None:

@@ -903,3 +903,36 @@ def test_any_graph_with_a_waiting_step_cancelled_goes_on_as_its_rules_say(steps,
     assert row(results[cancelled]).status == "cancelled"
     assert not Execution.objects.filter(message_id=rows[cancelled].pk).exists()
     assert not dependencies.settle(using="default")
+
+
+def test_a_step_whose_release_woke_its_queue_leaves_the_claimers_next_due_time_alone():
+    # On PostgreSQL the release notifies the steps' queues in its own statement, due
+    # times included: a listening claim loop need not read its next due time again,
+    # which cost a query beside every step of a chain. Where the release could not
+    # tell (or the worker does not listen), the next due time is read again.
+    from django_delayq.worker import Worker
+    from django_delayq.worker.execute import RELEASED_CHILDREN, TOLD, _children_go_on
+    from django_delayq.worker.wakeup import Waker
+
+    parent = enqueue("default", {}).message
+    enqueue("default", {}, after=[parent])
+    Message.objects.filter(pk=parent.pk).update(status="succeeded")
+    finished = Message.objects.get(pk=parent.pk)
+    _children_go_on(finished, "default")
+    told = finished.__dict__[RELEASED_CHILDREN] == TOLD
+    assert told == (connection.vendor == "postgresql")
+
+    worker = Worker(["default"], concurrency=1)
+    claimer = worker.claimer
+    for listen in (True, False):
+        claimer.waker = Waker("default", ["default"], listen=listen)
+        try:
+            for release_told in (True, False):
+                claimer._next_due_read = 1.0  # read once already
+                claimer.something_due(told=release_told)
+                kept = claimer._next_due_read is not None
+                assert kept == (release_told and claimer.waker.listening)
+                assert claimer._due_now
+                claimer._due_now = False
+        finally:
+            claimer.waker.close()
