@@ -201,10 +201,13 @@ class Keeper:
         attempts, whose outcomes are then discarded. Without this line an
         overloaded host (a thread not scheduled for seconds) or a database
         that did not answer looks like a duplicate run without a cause.
+        Not on SQLite: there a live process of this host is never taken for
+        dead (``queries.claimable_condition``), and every worker's heartbeat
+        waits whenever a long transaction holds the write lock.
         """
         now = time.monotonic()
         previous, self._beaten_at = self._beaten_at, now
-        if previous is None:
+        if previous is None or connections[self.using].vendor == "sqlite":
             return
         gap, promise = now - previous, self.alive_for.total_seconds()
         if gap > promise:

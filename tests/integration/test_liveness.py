@@ -5,6 +5,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -208,7 +209,13 @@ def test_a_heartbeat_that_comes_after_its_promise_ran_out_says_so(caplog):
     keeper._next_beat = 0.0
     keeper._turn()
 
-    (line,) = [r.getMessage() for r in caplog.records if "past its promise" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "past its promise" in r.getMessage()]
+    if connection.vendor == "sqlite":
+        # A live process of this host is never taken for dead there, and a long
+        # transaction holds every worker's heartbeat back: nothing to say.
+        assert lines == []
+        return
+    (line,) = lines
     promise = keeper.alive_for.total_seconds()
     assert line.startswith("heartbeat ") and f"past its promise of {promise:.1f} s" in line
     assert float(line.split()[1]) >= promise + 5
