@@ -95,6 +95,8 @@ class Keeper:
         # When the last heartbeat was recorded (monotonic), to tell when one
         # came too late: see _beaten.
         self._beaten_at: float | None = None
+        # SQLite: a live process of this host is never taken for dead (see _beaten).
+        self._may_be_taken_for_dead = connections[using].vendor != "sqlite"
         # When to look for rows running under this worker's name that its
         # book does not hold (see look_for_unheld): once a lease after the
         # start, and after every database error.
@@ -154,14 +156,16 @@ class Keeper:
         try:
             if self.limits:
                 self.enforce_time_limits()
+            # The next extension and heartbeat are scheduled once these succeeded:
+            # one that a cut connection failed goes again at the next turn, not a
+            # whole interval later (a heartbeat missed so is most of its promise).
             if now >= self._next_extend:
-                self._next_extend = now + self.extend_every
                 self.extend_leases()
+                self._next_extend = now + self.extend_every
             if self._look_for_unheld_at is not None and now >= self._look_for_unheld_at:
                 self._look_for_unheld_at = None
                 self.release_unheld()
             if now >= self._next_beat:
-                self._next_beat = now + self.heartbeat_interval
                 if not liveness.beat(
                     self.name, alive_for=self.alive_for, using=self.using, instance=self.instance
                 ):
@@ -175,6 +179,7 @@ class Keeper:
                             raise
                         self._on_name_taken(exc)
                         return
+                self._next_beat = now + self.heartbeat_interval
                 self._beaten()
                 self._on_heartbeat()
         except DB_ERRORS as exc:
@@ -207,7 +212,7 @@ class Keeper:
         """
         now = time.monotonic()
         previous, self._beaten_at = self._beaten_at, now
-        if previous is None or connections[self.using].vendor == "sqlite":
+        if previous is None or not self._may_be_taken_for_dead:
             return
         gap, promise = now - previous, self.alive_for.total_seconds()
         if gap > promise:

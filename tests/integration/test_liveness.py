@@ -219,3 +219,54 @@ def test_a_heartbeat_that_comes_after_its_promise_ran_out_says_so(caplog):
     promise = keeper.alive_for.total_seconds()
     assert line.startswith("heartbeat ") and f"past its promise of {promise:.1f} s" in line
     assert float(line.split()[1]) >= promise + 5
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("step", ["heartbeat", "lease extension"])
+def test_a_keeper_step_that_a_database_error_failed_goes_again_at_the_next_turn(
+    step, monkeypatch, caplog
+):
+    # A cut connection used to push the failed step a whole interval on: the
+    # heartbeat then came a reconnect plus an interval late, most of its
+    # promise, and a worker on a busy host was taken for dead.
+    from django.db import OperationalError
+
+    from django_delayq.worker import Worker
+    from django_delayq.worker.keeper import Keeper
+
+    worker = Worker(["default"], concurrency=1, burst=True)
+    keeper = worker.keeper
+    keeper.register()
+    # Intervals longer than the test: a step goes again only because it failed.
+    keeper.heartbeat_interval = keeper.extend_every = 3600.0
+    calls: list[str] = []
+    if step == "heartbeat":
+        real = liveness.beat
+
+        def once(*args, **kwargs):
+            calls.append("cut" if not calls else "done")
+            if calls == ["cut"]:
+                raise OperationalError("server closed the connection unexpectedly")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(liveness, "beat", once)
+    else:
+        real_extend = Keeper.extend_leases
+
+        def once(self):
+            calls.append("cut" if not calls else "done")
+            if calls == ["cut"]:
+                raise OperationalError("server closed the connection unexpectedly")
+            return real_extend(self)
+
+        monkeypatch.setattr(Keeper, "extend_leases", once)
+    keeper._next_beat = keeper._next_extend = 0.0
+
+    keeper._turn()  # cut
+    keeper._turn()  # the next turn, at once
+
+    assert calls == ["cut", "done"]
+    failed = [r for r in caplog.records if "could not extend leases" in r.getMessage()]
+    assert len(failed) == 1  # the second went through, on a new connection
+    keeper._turn()  # done: the next one waits its interval
+    assert calls == ["cut", "done"]
