@@ -153,6 +153,14 @@ class Settled:
     def __bool__(self) -> bool:
         return bool(self.released or self.cancelled)
 
+    @property
+    def told(self) -> bool:
+        """Children were released, and the release's own statement woke the workers of
+        their queues (PostgreSQL's NOTIFY, with their due times): none of them is held
+        by an ordered group, and no queue is left to wake. The worker that released
+        them then keeps the next due time it read (``Claimer.something_due``)."""
+        return bool(self.released) and not self.grouped and not self.queues
+
     def add(self, other: Settled) -> None:
         self.released += other.released
         self.cancelled += other.cancelled

@@ -566,8 +566,7 @@ def _children_go_on(message: Message, using: str) -> None:
         connections[using].close()
         return
     # For the worker's bookkeeping (Worker._settled): its next claim may take them.
-    told = settled.released and not settled.grouped and not settled.queues
-    message.__dict__[RELEASED_CHILDREN] = TOLD if told else bool(settled.released)
+    message.__dict__[RELEASED_CHILDREN] = TOLD if settled.told else bool(settled.released)
 
 
 def _group_goes_on(message: Message, using: str) -> None:
