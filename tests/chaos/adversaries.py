@@ -1012,19 +1012,22 @@ def check(run: Run, elapsed: float) -> Table:
 
     def starved(prev: dict[str, Any], nxt: dict[str, Any]) -> bool:
         """``prev``'s worker broke its heartbeat's promise while it ran ``prev``, and
-        said so: others could take it for dead and run the message again."""
+        said so: others could take it for dead and run the message again. (Only
+        where the run counts that as a cause: ``Config.starved_is_cause``.)"""
         if not c.starved_is_cause:
             return False
         until = prev["finished"] or nxt["started"]
-        for start, end in starved_windows.get(prev["pid"], ()):
-            if (
-                start <= until
-                and prev["started"] <= end + STARVED_SLACK
-                and start <= nxt["started"]
-            ):
-                starved_reruns.add((prev["message_id"], nxt["attempt"]))
-                return True
-        return False
+        return any(
+            start <= until and prev["started"] <= end + STARVED_SLACK and start <= nxt["started"]
+            for start, end in starved_windows.get(prev["pid"], ())
+        )
+
+    def excused_by_starvation(prev: dict[str, Any], nxt: dict[str, Any]) -> bool:
+        """:func:`starved`, counted in the figures when it is what excuses ``nxt``."""
+        if not starved(prev, nxt):
+            return False
+        starved_reruns.add((prev["message_id"], nxt["attempt"]))
+        return True
 
     def explained(prev: dict[str, Any], nxt: dict[str, Any]) -> bool:
         """Why a message may run again after ``prev``."""
@@ -1052,7 +1055,8 @@ def check(run: Run, elapsed: float) -> Table:
             return True
         if prev["queue"] == "adv-held" and prev["version"] != nxt["version"]:
             return True
-        return starved(prev, nxt)  # last: counted only where nothing else explains it
+        # Last: counted only where nothing else explains it.
+        return excused_by_starvation(prev, nxt)
 
     # lost or wrong end; ledger
     for queue, key in sent:
@@ -1082,7 +1086,7 @@ def check(run: Run, elapsed: float) -> Table:
             if (
                 nxt["started"] < ended(prev, nxt["started"])
                 and not limit_passed
-                and not starved(prev, nxt)
+                and not excused_by_starvation(prev, nxt)
             ):
                 table.violate(name, "twice at once", message_id)
         for r in rs:
