@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Model
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
@@ -218,8 +219,13 @@ def mark_stopped(name: str, *, using: str | None = None, instance: uuid.UUID | N
     rows.update(last_seen=now, alive_until=now, stopped_at=now)
 
 
-def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
+def release_dead(
+    me: str, *, using: str | None = None, models: Collection[type[Model]] = ()
+) -> dict[str, int]:
     """Hand back the running messages of dead workers; returns counts by worker.
+
+    ``models``: the ``QueueFields`` tables whose rows to hand back too (those
+    the calling worker claims from).
 
     The messages become due at once and keep their attempt count (the attempt
     was spent: a message that kills every worker that runs it still stops at
@@ -241,7 +247,7 @@ def release_dead(me: str, *, using: str | None = None) -> dict[str, int]:
     )
     if connections[alias].vendor == "sqlite":
         dead = [name for name in dead if not process_alive(name)]
-    released = leases.release_workers(dead, using=alias)
+    released = leases.release_workers(dead, using=alias, models=models)
     for name, count in released.items():
         logger.warning(
             "worker %s stopped sending heartbeats; released %d message(s) it held", name, count

@@ -172,8 +172,17 @@ def write_payload(
     return int(update_held([message_id], token, changes, using=using, model=Message))
 
 
-def release_workers(names: Collection[str], *, using: str | None = None) -> dict[str, int]:
+def release_workers(
+    names: Collection[str],
+    *,
+    using: str | None = None,
+    models: Collection[type[Model]] = (),
+) -> dict[str, int]:
     """Hand back the running messages of these (dead) workers; returns counts by worker.
+
+    ``models``: the ``QueueFields`` tables to look in beside the messages' (each
+    on its own database): their rows a dead worker held came back only once
+    their leases lapsed, long after its death was known.
 
     The messages become due at once and keep their attempt count
     (:func:`_hand_back`). Clearing the lock token fences off the "dead"
@@ -186,15 +195,16 @@ def release_workers(names: Collection[str], *, using: str | None = None) -> dict
     the lock lasted, and live workers releasing the same dead one at once
     deadlocked on MariaDB.
     """
-    alias = db_alias(using)
     released: dict[str, int] = {}
-    for name in names:
-        rows = Message.objects.using(alias).held_by([name])
-        with transaction.atomic(using=alias):
-            free = _unlocked(rows, alias)
-            count = _hand_back(rows.filter(pk__in=free), alias) if free else 0
-        if count:
-            released[name] = count
+    for model in dict.fromkeys([Message, *models]):
+        alias = db_alias(using, model)
+        for name in names:
+            rows = QueueQuerySet(model, using=alias).held_by([name])
+            with transaction.atomic(using=alias):
+                free = _unlocked(rows, alias)
+                count = _hand_back(rows.filter(pk__in=free), alias, model) if free else 0
+            if count:
+                released[name] = released.get(name, 0) + count
     return released
 
 

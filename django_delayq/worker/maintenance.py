@@ -207,7 +207,9 @@ class Maintenance:
         liveness.forget_gone(using=self.using)
 
     def release_dead(self) -> None:
-        released = sum(liveness.release_dead(self.name, using=self.using).values())
+        # The tables this worker's lanes claim from: a QueueFields model's rows too.
+        models = [lane.model for lane in self.book.lanes]
+        released = sum(liveness.release_dead(self.name, using=self.using, models=models).values())
         if released:
             self.book.count("released_from_dead", released)
             self._on_due()

@@ -430,3 +430,38 @@ def test_no_change_of_the_store_is_undone_by_a_save_of_a_row_loaded_before_it(
     assert queue_state(row.pk) == stored
     saved = Shipment.objects.get(pk=row.pk)
     assert (saved.reference, saved.priority) == (reference, priority)
+
+
+def test_a_dead_workers_rows_are_handed_back_with_its_messages(fake_clock):
+    # Before, only the message table was looked at: a QueueFields row a dead
+    # worker held came back once its lease lapsed, long after the death was known.
+    from django_delayq import liveness
+
+    liveness.register("dead-one", queues=["default"], concurrency=1)
+    (row,) = shipments("held")
+    held = claim.claim([], 1, worker="dead-one", lease=timedelta(hours=1), model=Shipment)
+    assert [r.pk for r in held.messages] == [row.pk]
+    fake_clock.advance(liveness.dead_after().total_seconds() + 1)
+
+    assert liveness.release_dead("me", models=[Shipment]) == {"dead-one": 1}
+
+    back = Shipment.objects.get(pk=row.pk)
+    assert (back.status, back.lock_token, back.attempt_count) == ("pending", None, 1)
+    assert back.next_attempt_time <= fake_clock()
+    # The dead worker, should it wake up, can no longer settle what it held.
+    assert settle.ack([row.pk], held.token, model=Shipment) == 0
+
+
+def test_a_worker_hands_back_and_runs_the_rows_a_dead_worker_held(run_worker, fake_clock):
+    from django_delayq import liveness
+
+    liveness.register("dead-one", queues=["shipments"], concurrency=1)
+    (row,) = shipments("held")
+    claim.claim([], 1, worker="dead-one", lease=timedelta(hours=1), model=Shipment)
+    fake_clock.advance(liveness.dead_after().total_seconds() + 1)
+
+    stats = run_worker(["shipments"])
+
+    assert stats[Result.SUCCEEDED] == 1
+    row.refresh_from_db()
+    assert (row.status, row.attempt_count) == ("succeeded", 2)
