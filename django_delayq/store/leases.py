@@ -196,10 +196,11 @@ def release_workers(
     deadlocked on MariaDB.
     """
     released: dict[str, int] = {}
-    for model in dict.fromkeys([Message, *models]):
+    tables: dict[type[Model], None] = dict.fromkeys([Message, *models])
+    for model in tables:
         alias = db_alias(using, model)
         for name in names:
-            rows = QueueQuerySet(model, using=alias).held_by([name])
+            rows: QueueQuerySet[Any] = QueueQuerySet(model, using=alias).held_by([name])
             with transaction.atomic(using=alias):
                 free = _unlocked(rows, alias)
                 count = _hand_back(rows.filter(pk__in=free), alias, model) if free else 0
