@@ -25,7 +25,8 @@ __all__ = [
 from django_delayq.exceptions import Discard, MessageFailed, Retry
 
 if TYPE_CHECKING:
-    from django_delayq.cron.spec import schedule, tick_of
+    from django_delayq.cron.declared import schedule
+    from django_delayq.cron.ticks import tick_of
     from django_delayq.enqueuing import (
         EnqueueResult,
         Outcome,
@@ -54,8 +55,12 @@ def __getattr__(name: str) -> Any:
         from django_delayq import workflows
 
         return getattr(workflows, name)
-    if name in ("schedule", "tick_of"):
-        from django_delayq.cron import spec
+    if name == "schedule":
+        from django_delayq.cron.declared import schedule
 
-        return getattr(spec, name)
+        return schedule
+    if name == "tick_of":
+        from django_delayq.cron.ticks import tick_of
+
+        return tick_of
     raise AttributeError(f"module 'django_delayq' has no attribute {name!r}")

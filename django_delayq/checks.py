@@ -255,7 +255,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Error | Warn
     """
     from django.conf import settings
 
-    from django_delayq.cron.spec import get_schedules, schedule_problems
+    from django_delayq.cron.declared import get_schedules, schedule_problems
     from django_delayq.exceptions import HandlerNotFound
     from django_delayq.registry import registry
 

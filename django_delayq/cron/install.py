@@ -25,18 +25,9 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 
 from django_delayq import clock
-from django_delayq.cron.spec import (
-    KEY_PREFIX,
-    Schedule,
-    ScheduleError,
-    TickRow,
-    check_name,
-    get_schedules,
-    missed_reason,
-    parse_key,
-    plan_ticks,
-    tick_of,
-)
+from django_delayq.cron.declared import get_schedules
+from django_delayq.cron.spec import KEY_PREFIX, Schedule, ScheduleError, check_name
+from django_delayq.cron.ticks import TickRow, missed_reason, parse_key, plan_ticks, tick_of
 from django_delayq.models import Message
 from django_delayq.routers import queue_alias
 from django_delayq.store import ticks

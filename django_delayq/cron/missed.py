@@ -20,7 +20,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from django_delayq.cron.spec import KEY_PREFIX, get_schedules, missed_reason, parse_key
+from django_delayq.cron.declared import get_schedules
+from django_delayq.cron.spec import KEY_PREFIX
+from django_delayq.cron.ticks import missed_reason, parse_key
 from django_delayq.logs import message_fields
 from django_delayq.models import Message
 from django_delayq.store import ticks

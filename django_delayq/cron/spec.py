@@ -1,46 +1,42 @@
-"""Cron schedules, the pure half: what a schedule is and which ticks it has.
+"""What a schedule is: its options checked, its tick times and its ticks' keys.
 
-A schedule (``DELAYQ["SCHEDULES"]`` or :func:`schedule` in an app's
-``handlers.py``) produces *ticks*: messages whose key embeds the schedule
-name, a hash of its configuration and the tick time::
+A schedule (``DELAYQ["SCHEDULES"]``, or ``schedule`` in an app's
+``handlers.py``: ``cron/declared.py``) produces *ticks*: messages whose key
+embeds the schedule name, a hash of its configuration and the tick time::
 
     cron:nightly-report:3fa9c1e07b:2026-03-29T00:00:00Z
 
 Tick times are computed the same way everywhere (cron expressions in the
 schedule's time zone with the DST rules below, ``every`` periods aligned to
-the Unix epoch), so concurrent installers compute the same keys.
-:func:`plan_ticks` decides what to install and cancel from what is
-installed: no database here (``cron/install.py`` reads and writes).
+the Unix epoch), so concurrent installers compute the same keys. No
+database here: ``cron/ticks.py`` plans what to install, ``cron/install.py``
+reads and writes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import cached_property, wraps
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from django_delayq import clock, durations
-from django_delayq.conf import MAX_DELAY, check_max_delay, get_config, to_timedelta
+from django_delayq import durations
+from django_delayq.conf import MAX_DELAY, check_max_delay, to_timedelta
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import MAX_ATTEMPTS_LIMIT, PRIORITY_MAX, PRIORITY_MIN
 from django_delayq.registry import validate_kind, validate_queue_name
 from django_delayq.values import is_int_between
 
 if TYPE_CHECKING:
-    from django_delayq.models import Message
     from django_delayq.registry import HandlerFunc
-
-logger = logging.getLogger("django_delayq.worker")
 
 
 def _croniter() -> Any:
@@ -52,7 +48,6 @@ def _croniter() -> Any:
 
 
 F = TypeVar("F", bound="HandlerFunc")
-P = ParamSpec("P")
 
 KEY_PREFIX = "cron:"
 # Both matched whole (``fullmatch``): ``$`` would also match before a final newline.
@@ -119,7 +114,7 @@ class ScheduleError(DelayQError, ImproperlyConfigured, ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
-    """One recurring message. Build it with :func:`parse_schedule` or :func:`schedule`.
+    """One recurring message. Build it with :func:`parse_schedule` or :func:`~django_delayq.schedule`.
 
     Exactly one of ``cron`` (a five-field expression, read in ``timezone``)
     and ``every`` (a whole number of seconds, aligned to the Unix epoch so
@@ -428,7 +423,7 @@ def build_schedule(
 ) -> Schedule:
     """Validate the options and return the :class:`Schedule`; raise :class:`ScheduleError`.
 
-    Its ``source`` is "settings"; :func:`schedule` makes it "code".
+    Its ``source`` is "settings"; :func:`~django_delayq.schedule` makes it "code".
     """
     from django_delayq.payload import check_payload
 
@@ -521,239 +516,3 @@ def parse_schedule(name: str, options: object) -> Schedule:
     if "queue" not in options:
         raise ScheduleError("queue is required")
     return build_schedule(name, **options)
-
-
-# -- the schedules in force -------------------------------------------------------
-
-_declared: dict[str, Schedule] = {}
-
-
-def _declaring(build: Callable[P, Schedule], doc: str) -> Callable[P, Schedule]:
-    """``build``'s schedule, declared in code; ``build``'s options (its signature and
-    type hints), and ``doc``."""
-
-    @wraps(build)
-    def declare(*args: P.args, **kwargs: P.kwargs) -> Schedule:
-        result = replace(build(*args, **kwargs), source="code")
-        existing = _declared.get(result.name)
-        if existing is not None and existing != result:
-            raise ImproperlyConfigured(f"schedule {result.name!r} is declared twice, differently")
-        _declared[result.name] = result
-        return result
-
-    declare.__name__ = declare.__qualname__ = "schedule"
-    declare.__doc__ = doc
-    return declare
-
-
-schedule = _declaring(
-    build_schedule,
-    """Declare a schedule in code (an app's ``handlers.py``); same options as the setting.
-
-    Call it, or use it as a decorator over the function that handles the
-    ticks (which it then registers with ``@handler``)::
-
-        @schedule("nightly-report", queue="reports", cron="0 2 * * *", timezone="Europe/Paris")
-        def nightly_report(message): ...
-
-    Options are validated here, so a typo fails at import, like
-    ``@handler``'s. A ``DELAYQ["SCHEDULES"]`` entry of the same name
-    replaces the declaration (``None`` switches it off).
-    """,
-)
-
-
-def unregister_schedule(name: str) -> None:
-    """Forget a schedule declared with :func:`schedule` (tests, plugins)."""
-    _declared.pop(name, None)
-
-
-def _settings_entries() -> dict[str, object]:
-    entries = get_config().get("SCHEDULES") or {}
-    return dict(entries) if isinstance(entries, Mapping) else {}
-
-
-def schedule_problems() -> list[tuple[str, ScheduleError]]:
-    """``(name, error)`` for every unusable ``DELAYQ["SCHEDULES"]`` entry (for the checks)."""
-    entries = get_config().get("SCHEDULES") or {}
-    if not isinstance(entries, Mapping):
-        return [("", ScheduleError("DELAYQ['SCHEDULES'] must be a dict of name to options"))]
-    problems = []
-    for name, options in entries.items():
-        if options is None and name in _declared:
-            continue
-        try:
-            parse_schedule(name, options)
-        except ScheduleError as exc:
-            problems.append((str(name), exc))
-    return problems
-
-
-def get_schedules(*, log: bool = True) -> dict[str, Schedule]:
-    """Every schedule in force, by name: code declarations overridden by the setting.
-
-    Invalid setting entries are left out (and logged): the system checks
-    report them at start-up, and a worker must never crash on them.
-    """
-    schedules = dict(_declared)
-    for name, options in _settings_entries().items():
-        if options is None:
-            schedules.pop(name, None)
-            continue
-        try:
-            schedules[name] = parse_schedule(name, options)
-        except ScheduleError as exc:
-            schedules.pop(name, None)
-            if log:
-                logger.error("schedule %r is ignored: %s", name, exc)
-    return dict(sorted(schedules.items()))
-
-
-# -- ticks seen from a handler ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Which occurrence a tick message is (see :func:`tick_of`)."""
-
-    name: str
-    time: datetime
-    config_hash: str
-    late_by: timedelta
-
-    @property
-    def is_late(self) -> bool:
-        """Started more than ``LATE_TOLERANCE`` (a minute) after its time."""
-        return self.late_by > LATE_TOLERANCE
-
-
-def parse_key(key: str) -> tuple[str, str, datetime] | None:
-    """``(name, config hash, tick time)`` of a tick key, or None for any other key."""
-    match = KEY_RE.fullmatch(key)
-    if match is None:
-        return None
-    time = datetime.strptime(match["time"], TICK_FORMAT).replace(tzinfo=UTC)
-    return match["name"], match["hash"], time
-
-
-def tick_of(message: Message) -> Tick | None:
-    """The schedule name and tick time of a tick message (None for other messages).
-
-    The handler's ``message.payload`` is the schedule's payload, untouched;
-    the occurrence lives in the key. ``late_by`` is how long after its time
-    this attempt started (0 when on time).
-    """
-    parsed = parse_key(message.key)
-    if parsed is None:
-        return None
-    name, config_hash, time = parsed
-    started = message.last_attempt_time or clock.now()
-    return Tick(name, time, config_hash, max(started - time, timedelta(0)))
-
-
-# -- planning installs ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TickRow:
-    id: int
-    queue: str
-    name: str
-    config_hash: str
-    time: datetime
-    untouched: bool  # pending and never attempted: an installer may delete or cancel it
-
-
-@dataclass
-class TickPlan:
-    """What to write for one schedule: computed from reads, applied in one transaction."""
-
-    install: list[datetime] = field(default_factory=list)
-    cancel: list[int] = field(default_factory=list)
-    caught_up: datetime | None = None
-
-
-def missed_reason(sched: Schedule) -> str:
-    """The ``last_error`` of a tick cancelled because it did not start within its grace."""
-    return f"Missed: not started within its grace period (catch_up={sched.catch_up})"
-
-
-def _lookahead() -> timedelta:
-    """Install far enough ahead that a running worker never lets the ticks run out.
-
-    Two install intervals (or poll intervals, if longer): an install that
-    comes late by a whole interval still finds future ticks in place.
-    """
-    config = get_config()
-    interval = to_timedelta(config["CRON_INSTALL_INTERVAL"])
-    poll = to_timedelta(config["POLL_INTERVAL"])
-    return 2 * max(interval, poll)
-
-
-def plan_ticks(
-    sched: Schedule,
-    now: datetime,
-    rows: Iterable[TickRow],
-    *,
-    has_history: Callable[[], bool] = lambda: False,
-    exists: Callable[[datetime], bool] = lambda t: False,
-    lookahead: timedelta | None = None,
-) -> TickPlan:
-    """Decide which ticks of ``sched`` (current configuration) to install and cancel.
-
-    ``rows`` are its active tick messages; ``has_history`` tells whether an
-    earlier tick of this configuration exists; ``exists`` whether a tick's
-    message exists in any status. Pure apart from those two callbacks, so
-    the catch-up rules are unit-tested without a database.
-
-    - Future ticks: every tick from ``now`` on for ``lookahead``, and at
-      least ``ahead`` of them.
-    - A tick still waiting ``grace`` after its time is *missed* (workers
-      were stopped, or its queue was too busy): it is cancelled.
-    - ``catch_up="latest"``: the most recent missed tick runs once anyway;
-      when the installed ticks ran out while no worker ran, the last tick
-      before ``now`` is installed to run at once.
-    """
-    rows = [r for r in rows if r.config_hash == sched.config_hash]
-    known = {r.time for r in rows}
-    plan = TickPlan()
-    horizon = now + (lookahead if lookahead is not None else _lookahead())
-    for n, tick in enumerate(sched.ticks(now)):
-        if n >= MAX_TICKS_PER_INSTALL or (n >= sched.ahead and tick > horizon):
-            break
-        if tick not in known:
-            plan.install.append(tick)
-
-    overdue = sorted((r for r in rows if r.untouched and r.time <= now), key=lambda r: r.time)
-    missed = [r for r in overdue if r.time + sched.grace_for(r.time) < now]
-    if sched.catch_up == "latest":
-        newest = overdue[-1] if overdue else None
-        previous = sched.previous_tick(now)
-        if (
-            previous is not None
-            and previous < now  # a tick at ``now`` is installed above anyway
-            and previous not in known
-            and not any(t > previous for t in known)
-            and (any(t < previous for t in known) or has_history())
-            and not exists(previous)
-        ):
-            # The installed ticks ran out while no worker ran: the latest
-            # occurrence was never installed. Run it now, once.
-            plan.install.append(previous)
-            plan.caught_up = previous
-        elif newest is not None and newest in missed:
-            # Keep the newest missed tick, unless a later occurrence up to
-            # now runs anyway (or ran): then the schedule is caught up.
-            superseded = (
-                previous is not None
-                and previous > newest.time
-                and (previous in known or previous == now or exists(previous))
-            )
-            if not superseded:
-                missed.remove(newest)
-                plan.caught_up = newest.time
-    plan.cancel = [r.id for r in missed]
-    # Every installer inserts in time order, so two of them racing on the
-    # same keys wait for each other in one order and never deadlock.
-    plan.install.sort()
-    return plan

@@ -920,7 +920,7 @@ def late_heartbeats(logs: str) -> dict[int, list[tuple[datetime, datetime]]]:
 
 
 def check(run: Run, elapsed: float) -> Table:
-    from django_delayq.cron.spec import parse_key
+    from django_delayq.cron.ticks import parse_key
     from django_delayq.models import Message
     from tests.testapp.adversary_handlers import ATOMIC_TIME_LIMIT, read_ledger
     from tests.testapp.models import Effect, Operation, Raised, Sent

@@ -156,11 +156,11 @@ def restored_registrations() -> Iterator[None]:
     from django.contrib import admin
 
     from django_delayq.admin import messages as message_admin
-    from django_delayq.cron import spec
+    from django_delayq.cron import declared
     from django_delayq.registry import registry
 
     handlers, models = dict(registry._handlers), dict(registry._models)
-    declared = dict(spec._declared)
+    schedules = dict(declared._declared)
     admins = dict(admin.site._registry)
     extra_urls, object_tools = list(message_admin.EXTRA_URLS), list(message_admin.OBJECT_TOOLS)
     receivers = {id(s): (s, list(s.receivers)) for s in _signals()}
@@ -171,8 +171,8 @@ def restored_registrations() -> Iterator[None]:
         registry._handlers.update(handlers)
         registry._models.clear()
         registry._models.update(models)
-        spec._declared.clear()
-        spec._declared.update(declared)
+        declared._declared.clear()
+        declared._declared.update(schedules)
         admin.site._registry.clear()
         admin.site._registry.update(admins)
         message_admin.EXTRA_URLS[:] = extra_urls

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from django_delayq import enqueue
 from django_delayq.checks import check_schedules, check_settings
 from django_delayq.cron import install
+from django_delayq.cron.declared import get_schedules
 from django_delayq.cron.install import install_schedules, uninstall_schedules
-from django_delayq.cron.spec import get_schedules, parse_key, tick_of
+from django_delayq.cron.ticks import parse_key, tick_of
 from django_delayq.models import Message
 from tests.testapp.models import Execution
 

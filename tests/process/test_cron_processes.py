@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from django_delayq.cron.spec import parse_key
+from django_delayq.cron.ticks import parse_key
 from django_delayq.models import Message
 from tests.conftest import wait_for
 from tests.testapp.models import Execution

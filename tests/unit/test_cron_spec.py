@@ -7,18 +7,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_delayq.cron.spec import (
-    ScheduleError,
-    TickRow,
-    build_schedule,
-    get_schedules,
-    parse_key,
-    parse_schedule,
-    plan_ticks,
-    schedule,
-    tick_of,
-    unregister_schedule,
-)
+from django_delayq.cron.declared import get_schedules, schedule, unregister_schedule
+from django_delayq.cron.spec import ScheduleError, build_schedule, parse_schedule
+from django_delayq.cron.ticks import TickRow, parse_key, plan_ticks, tick_of
 from django_delayq.models import Message
 from django_delayq.registry import registry
 
