@@ -114,7 +114,8 @@ class ScheduleError(DelayQError, ImproperlyConfigured, ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
-    """One recurring message. Build it with :func:`parse_schedule` or :func:`~django_delayq.schedule`.
+    """One recurring message. Build it with :func:`parse_schedule` or
+    :func:`~django_delayq.schedule`.
 
     Exactly one of ``cron`` (a five-field expression, read in ``timezone``)
     and ``every`` (a whole number of seconds, aligned to the Unix epoch so

@@ -10,12 +10,13 @@ way on PostgreSQL with psycopg 3, keeping what the wrapper does that they
 need: the connection opened on demand, the thread check, a broken
 transaction refused, and the driver's errors raised as Django's.
 
-The wrapper's way is kept whenever something watches it: Django's query log
-(``DEBUG``, ``CaptureQueriesContext``, ``assertNumQueries``), an
-``execute_wrapper`` installed on the connection, or a connection whose time
-zone differs from the one its datetimes are read in. Instrumentation that
-patches Django's cursor wrapper itself (some tracing libraries do) does not
-see these statements.
+The driver's cursor is the one Django's wrapper would hold
+(``connection.create_cursor()``: datetimes read in the connection's time
+zone, as through the wrapper). The wrapper's way is kept whenever something
+watches it: Django's query log (``DEBUG``, ``CaptureQueriesContext``,
+``assertNumQueries``) or an ``execute_wrapper`` installed on the connection.
+Instrumentation that patches Django's cursor wrapper itself (some tracing
+libraries do) does not see these statements.
 """
 
 from __future__ import annotations
@@ -25,35 +26,20 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-try:
-    from psycopg.pq import Format
-except ImportError:  # no psycopg 3: every statement takes the wrapper's way
-    Format = None  # type: ignore[assignment,misc]
-
-# psycopg's type oid of timestamptz, whose loader reads the connection's datetimes.
-TIMESTAMPTZ = 1184
-_MISSING = object()
-
 
 def _driver_cursor(connection: BaseDatabaseWrapper) -> Any | None:
     """A cursor of the driver's connection for a statement, or None: the wrapper's way."""
-    if (
-        Format is None
-        or connection.vendor != "postgresql"
-        or connection.queries_logged
-        or connection.execute_wrappers
-    ):
+    watched = connection.queries_logged or connection.execute_wrappers
+    if connection.vendor != "postgresql" or watched:
         return None
     connection.ensure_connection()
-    raw = connection.connection
-    if not hasattr(raw, "adapters"):  # psycopg 2
-        return None
-    loader = raw.adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
-    if getattr(loader, "timezone", _MISSING) != connection.timezone:
+    if not hasattr(connection.connection, "adapters"):  # psycopg 2
         return None
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
-    return raw.cursor()
+    # The cursor Django's wrapper would hold: its time zone loader set where the
+    # connection's time zone differs from the driver's.
+    return connection.create_cursor()
 
 
 def fetch(

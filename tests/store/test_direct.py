@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from django.db import DatabaseError, ProgrammingError, connection, transaction
+from django.db import DatabaseError, ProgrammingError, connection, connections, transaction
 from django.db.backends.utils import CursorWrapper
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
@@ -93,3 +93,35 @@ def test_a_broken_transaction_is_refused_before_the_statement() -> None:
         transaction.set_rollback(True)
         with pytest.raises(TransactionManagementError):
             direct.fetch(connection, "SELECT 1", [])
+
+
+def test_a_connection_in_a_time_zone_of_its_own_reads_the_same_datetimes_the_short_way() -> None:
+    # DATABASES[...]["TIME_ZONE"]: Django reads datetimes in that zone. The short
+    # way holds the cursor Django's wrapper would (connection.create_cursor(),
+    # its time zone loader set), and reads the same values in the same zone.
+    wrapper = connections[connection.alias]  # not the proxy: its cached time zone
+    saved = wrapper.settings_dict.get("TIME_ZONE")
+
+    def use(zone: str | None) -> None:
+        wrapper.close()
+        wrapper.settings_dict["TIME_ZONE"] = zone
+        for cached in ("timezone", "timezone_name"):
+            wrapper.__dict__.pop(cached, None)
+
+    use("Asia/Kathmandu")  # +05:45: no zone of the machine's by chance
+    try:
+        enqueue("direct-tz", {}, key="short", priority=2)
+        enqueue("direct-tz", {}, key="wrapped", priority=1)
+        cursor = direct._driver_cursor(connection)
+        assert cursor is not None  # the short way
+        cursor.close()
+        short = claimed("direct-tz")
+        with CaptureQueriesContext(connection):
+            wrapped = claimed("direct-tz")
+        assert (short.key, wrapped.key) == ("short", "wrapped")
+        for name in ("created_at", "last_attempt_time", "next_attempt_time"):
+            a, b = getattr(short, name), getattr(wrapped, name)
+            assert str(a.tzinfo) == str(b.tzinfo) == "Asia/Kathmandu", name
+            assert a.utcoffset() == b.utcoffset() == timedelta(hours=5, minutes=45), name
+    finally:
+        use(saved)
