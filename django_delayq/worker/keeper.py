@@ -166,9 +166,13 @@ class Keeper:
                 self._look_for_unheld_at = None
                 self.release_unheld()
             if now >= self._next_beat:
-                if not liveness.beat(
+                beaten = liveness.beat(
                     self.name, alive_for=self.alive_for, using=self.using, instance=self.instance
-                ):
+                )
+                # Reached the database, whatever its answer: a name another worker
+                # holds is not asked for again at every turn.
+                self._next_beat = now + self.heartbeat_interval
+                if not beaten:
                     # The row is gone (deleted by hand, a flushed database), or
                     # another worker took the name: this one broke its promise
                     # and its messages were handed back.
@@ -179,7 +183,6 @@ class Keeper:
                             raise
                         self._on_name_taken(exc)
                         return
-                self._next_beat = now + self.heartbeat_interval
                 self._beaten()
                 self._on_heartbeat()
         except DB_ERRORS as exc:

@@ -197,3 +197,29 @@ def test_a_worker_taking_its_name_back_keeps_the_messages_it_runs(settings):
     row = Message.objects.get(pk=message.pk)
     assert (row.status, row.lock_token) == ("running", held.token)
     assert WorkerState.objects.get(name=worker.name).instance == worker.instance
+
+
+def test_a_worker_whose_name_a_live_worker_holds_is_told_once_not_at_every_turn():
+    # The keeper retries a heartbeat that failed at its next turn; one that
+    # reached the database and found the name taken is a heartbeat done, and
+    # the worker, stopping, must not ask for the name again every turn.
+    from django.utils import timezone
+
+    from django_delayq.worker import Worker
+
+    taken: list[WorkerNameTaken] = []
+    worker = Worker(["default"], concurrency=1, burst=True)
+    worker.keeper._on_name_taken = taken.append
+    worker.keeper.register()
+    WorkerState.objects.filter(name=worker.name).update(
+        instance=uuid.uuid4(),
+        host="another-host",
+        pid=1,
+        alive_until=timezone.now() + timedelta(hours=1),
+    )
+    worker.keeper._next_beat = 0.0
+
+    worker.keeper._turn()
+    worker.keeper._turn()
+
+    assert len(taken) == 1
