@@ -51,7 +51,7 @@ from django_delayq.worker.acks import Settler
 from django_delayq.worker.aio import EventLoop
 from django_delayq.worker.background import DB_ERRORS, Supervisor
 from django_delayq.worker.claimer import Claimer
-from django_delayq.worker.execute import RELEASED_CHILDREN, TOLD, Result
+from django_delayq.worker.execute import Result, released_children
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.keeper import Keeper
 from django_delayq.worker.listen import polling
@@ -535,7 +535,7 @@ class Worker:
             item.row
             for item, result, _ in done
             if result in GROUP_DONE
-            and (bool(getattr(item.row, "group", "")) or item.row.__dict__.get(RELEASED_CHILDREN))
+            and (bool(getattr(item.row, "group", "")) or bool(released_children(item.row).released))
         ]
         if moved_on:
             # Recorded, and the next message of the group (or a workflow's next
@@ -543,9 +543,7 @@ class Worker:
             # (A batched success lets a group go after its commit: the
             # acknowledgement buffer calls _acks_committed then.)
             wake = True
-            self.claimer.something_due(
-                told=all(row.__dict__.get(RELEASED_CHILDREN) == TOLD for row in moved_on)
-            )
+            self.claimer.something_due(told=all(released_children(row).told for row in moved_on))
         for item, result, elapsed in done:
             self._processed(item, result, elapsed)
         if wake and self.claimer.waker is not None:

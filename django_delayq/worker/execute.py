@@ -542,11 +542,14 @@ def record_success(message: Message, duration: float, *, using: str, children: b
         _children_go_on(message, using)
 
 
-#: Set on a parent's row once its outcome released some of its children: True, or
-#: TOLD when the release woke the workers of their queues itself (the claim loop
-#: need not read the next due time again, Claimer.something_due).
+#: Set on a parent's row to what the release after its outcome did (a Settled).
 RELEASED_CHILDREN = "_delayq_released_children"
-TOLD = "told"
+
+
+def released_children(message: Message) -> dependencies.Settled:
+    """What the release after ``message``'s outcome did (nothing, if none ran): the
+    worker's bookkeeping (``Worker._settled``) claims the released ones at once."""
+    return message.__dict__.get(RELEASED_CHILDREN) or dependencies.Settled()
 
 
 def _children_go_on(message: Message, using: str) -> None:
@@ -566,7 +569,7 @@ def _children_go_on(message: Message, using: str) -> None:
         connections[using].close()
         return
     # For the worker's bookkeeping (Worker._settled): its next claim may take them.
-    message.__dict__[RELEASED_CHILDREN] = TOLD if settled.told else bool(settled.released)
+    message.__dict__[RELEASED_CHILDREN] = settled
 
 
 def _group_goes_on(message: Message, using: str) -> None:

@@ -911,7 +911,7 @@ def test_a_step_whose_release_woke_its_queue_leaves_the_claimers_next_due_time_a
     # which cost a query beside every step of a chain. Where the release could not
     # tell (or the worker does not listen), the next due time is read again.
     from django_delayq.worker import Worker
-    from django_delayq.worker.execute import RELEASED_CHILDREN, TOLD, _children_go_on
+    from django_delayq.worker.execute import _children_go_on, released_children
     from django_delayq.worker.wakeup import Waker
 
     parent = enqueue("default", {}).message
@@ -919,7 +919,7 @@ def test_a_step_whose_release_woke_its_queue_leaves_the_claimers_next_due_time_a
     Message.objects.filter(pk=parent.pk).update(status="succeeded")
     finished = Message.objects.get(pk=parent.pk)
     _children_go_on(finished, "default")
-    told = finished.__dict__[RELEASED_CHILDREN] == TOLD
+    told = released_children(finished).told
     assert told == (connection.vendor == "postgresql")
 
     worker = Worker(["default"], concurrency=1)
