@@ -73,6 +73,7 @@ from tests.chaos.common import (
     released,
     setup_django,
     spawn_worker,
+    time_limits_hit,
     wait_until_consuming,
 )
 
@@ -1244,7 +1245,7 @@ def check(run: Run, elapsed: float) -> Table:
             "heartbeats past their promise / reruns after one",
             f"{sum(len(w) for w in starved_windows.values())} / {len(starved_reruns)}",
         ),
-        ("time limits hit", logs.count("ran past its time limit")),
+        ("time limits hit", time_limits_hit(logs)),
         ("missed ticks logged", logs.count("missed")),
         ("worker reconnects logged", logs.count("database reachable again")),
         (

@@ -5,6 +5,7 @@ cut), and the run's own database."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,6 +115,22 @@ def cut_connections() -> Event:
         else:
             raise RuntimeError(f"no connections to cut on {connection.vendor}")
     return Event(now(), "disrupt", detail=int(terminated))
+
+
+def time_limits_hit(logs: str) -> int:
+    """Attempts the workers' logs say ran past their time limit.
+
+    Each is logged twice, the failure recorded ("attempt N failed ...
+    TimeLimitExceeded") and then "ran past its time limit": a SIGKILL between
+    the two leaves only the first, so an attempt counts once from either.
+    """
+    failed = re.findall(
+        r"message (\d+) \([^)]*\) attempt (\d+) failed[^\n]*TimeLimitExceeded", logs
+    )
+    passed = re.findall(
+        r"message (\d+) \([^)]*\) ran past its time limit of [^:]*: attempt (\d+)", logs
+    )
+    return len(set(failed) | set(passed))
 
 
 def released(logs: str) -> int:

@@ -46,6 +46,7 @@ from tests.chaos.common import (
     released,
     setup_django,
     spawn_worker,
+    time_limits_hit,
     wait_until_consuming,
 )
 
@@ -564,7 +565,7 @@ def check(run: Run, elapsed: float) -> Figures:
     )
     figures.add("worker reconnects logged", logs.count("database reachable again"))
     figures.add("messages released from dead workers", released(logs))
-    figures.add("time limits hit", logs.count("ran past its time limit"))
+    figures.add("time limits hit", time_limits_hit(logs))
     figures.check("worker crashes (unexpected exits)", run.crashes, "a worker died by itself")
     bad_exits = sum(1 for code in run.exit_codes if code != 0)
     figures.check("workers not exiting 0 on SIGTERM", bad_exits, "unclean shutdown")
