@@ -376,25 +376,15 @@ class Worker:
                 ", burst" if self.burst else f", {waker.how}",
             )
             self._log_wakeup(waker)
-            try:
-                # A live worker under this name: wait out its heartbeat's
-                # promise (a worker restarted at once after a kill), then
-                # take the name, or stop if it beat meanwhile.
-                self.keeper.register(wait=self._wait_for_name)
-                self.health.beat()
-            except WorkerNameTaken as exc:
-                self._name_taken = exc
-                self.stop()
-            except DB_ERRORS:
-                logger.warning("could not record this worker's heartbeat yet", exc_info=True)
-                connections[self.using].close()
             acks.start(self.supervisor)
             # A thread per slot; an async lane's slots wait on its coroutines.
             self.runner.start(
                 self.concurrency + sum(lane.cap for lane in self.book.lanes if lane.is_async)
             )
-            self.keeper.start()
             self.maintenance.start()
+            # Nothing is claimed before the name is this run's: the run that holds
+            # a name hands back whatever runs under it that it does not hold.
+            registered = False
             while not self.book.stopping:
                 if not self.supervisor.check():
                     self.stop()
@@ -405,6 +395,10 @@ class Worker:
                     reset_queries()
                 self.health.turned()
                 try:
+                    if not registered:
+                        registered = self._register()
+                        if not registered:
+                            break
                     if self.metrics is not None:
                         guard.call("the metrics", self.metrics.loop, log=logger)
                     claimed = self.claimer.claim_round()
@@ -569,6 +563,25 @@ class Worker:
         self.claimer.something_due()
         if self.claimer.waker is not None:
             self.claimer.waker.poke()
+
+    def _register(self) -> bool:
+        """Take this worker's name, and start the keeper that holds it; False if a
+        live worker holds it (this one stops). A database error goes to the caller:
+        the claim loop's backoff, and the next round tries again.
+
+        A live worker under this name is waited for (its heartbeat's promise: a
+        worker restarted at once after a kill), then the name is taken, or this
+        worker stops if that one beat meanwhile.
+        """
+        try:
+            self.keeper.register(wait=self._wait_for_name)
+        except WorkerNameTaken as exc:
+            self._name_taken = exc
+            self.stop()
+            return False
+        self.health.beat()
+        self.keeper.start()
+        return True
 
     def _wait_for_name(self, seconds: float) -> bool:
         """Wait for another worker's hold on this name to lapse; False if stopped meanwhile."""

@@ -678,9 +678,9 @@ class Run:
     def impostor(self) -> None:
         """Start a worker under the (default) name of a live one."""
         victim = self.rng.choice(self.consumers)
-        if not wait_until_consuming(victim):
-            return
         name = f"{socket.gethostname()}:{victim.proc.pid}"
+        if not wait_until_consuming(victim) or not self.holds_its_name(victim, name):
+            return
         queues = QUEUES + (SQLITE_QUEUES if self.vendor == "sqlite" else ())
         impostor = spawn_worker(
             [*(a for q in queues for a in ("--queue", q)), "--name", name],
@@ -689,6 +689,20 @@ class Run:
         )
         self.events.append(Event(now(), "impostor", impostor.proc.pid, victim.proc.pid))
         self.impostors.append((impostor, victim.proc.pid))
+
+    def holds_its_name(self, consumer: Consumer, name: str, timeout: float = 60.0) -> bool:
+        """Poll (with a deadline) until ``consumer`` holds ``name``: it logs that it
+        consumes before it takes its name, and a worker that could not take it yet
+        (SQLite's write lock held) is no live holder an impostor could wrong."""
+        from django_delayq.models import WorkerState
+
+        deadline = time.monotonic() + timeout
+        held = WorkerState.objects.filter(name=name, pid=consumer.proc.pid, stopped_at=None)
+        while time.monotonic() < deadline and consumer.proc.poll() is None:
+            if held.exists():
+                return True
+            time.sleep(0.05)
+        return False
 
     def end_impostors(self) -> None:
         """How each impostor ended: its exit status, and whether its victim had died

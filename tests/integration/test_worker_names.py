@@ -223,3 +223,50 @@ def test_a_worker_whose_name_a_live_worker_holds_is_told_once_not_at_every_turn(
     worker.keeper._turn()
 
     assert len(taken) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_could_not_record_its_name_claims_nothing_until_it_holds_it(
+    monkeypatch,
+):
+    # Its registration failed (SQLite's write lock held by a long transaction,
+    # a cut connection), and another live run took the name meanwhile. Before,
+    # the worker went on to claim and run messages under the name anyway: the
+    # holder's keeper hands back what runs under its name that it does not hold,
+    # and the message ran again beside this worker's attempt.
+    from django.db import OperationalError
+
+    from django_delayq.worker import Worker
+
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], concurrency=1, burst=True)
+    holder = uuid.uuid4()
+    real = liveness.register
+    calls: list[bool] = []
+
+    def register_fails_once(*args, **kwargs):
+        if not calls:
+            calls.append(True)
+            # Another run of this process takes the name, and holds it for good.
+            liveness.RUNNING_HERE.add(holder)
+            real(worker.name, queues=["default"], concurrency=1, instance=holder)
+            WorkerState.objects.filter(name=worker.name).update(alive_until=None)
+            raise OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(liveness, "register", register_fails_once)
+    try:
+        worker.run()
+    except WorkerNameTaken:
+        refused = True
+    else:
+        refused = False
+    finally:
+        liveness.RUNNING_HERE.discard(holder)
+
+    assert not Execution.objects.filter(message_id=message.pk).exists(), (
+        "the worker ran a message under a name another live run holds"
+    )
+    assert refused
+    row = Message.objects.get(pk=message.pk)
+    assert (row.status, row.attempt_count) == ("pending", 0)
