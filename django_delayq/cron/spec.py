@@ -68,11 +68,6 @@ DEFAULT_AHEAD = 3
 MAX_AHEAD = 1000
 # A tick's default grace is the interval to the next tick, at most this.
 MAX_DEFAULT_GRACE = timedelta(hours=1)
-# ``Tick.is_late``: started more than this after its time.
-LATE_TOLERANCE = timedelta(minutes=1)
-# Most ticks one install writes for one schedule (an ``every=1`` schedule
-# with a long install interval would otherwise write thousands).
-MAX_TICKS_PER_INSTALL = 1000
 # Consecutive croniter results dropped before giving up (a safety net: a
 # repeated hour drops at most 60).
 MAX_SKIPPED_TICKS = 1000

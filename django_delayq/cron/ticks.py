@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING
 
 from django_delayq import clock
 from django_delayq.conf import get_config, to_timedelta
-from django_delayq.cron.spec import (
-    KEY_RE,
-    LATE_TOLERANCE,
-    MAX_TICKS_PER_INSTALL,
-    TICK_FORMAT,
-    Schedule,
-)
+from django_delayq.cron.spec import KEY_RE, TICK_FORMAT, Schedule
 
 if TYPE_CHECKING:
     from django_delayq.models import Message
+
+# ``Tick.is_late``: started more than this after its time.
+LATE_TOLERANCE = timedelta(minutes=1)
+# Most ticks one install writes for one schedule (an ``every=1`` schedule
+# with a long install interval would otherwise write thousands).
+MAX_TICKS_PER_INSTALL = 1000
 
 
 @dataclass(frozen=True)
