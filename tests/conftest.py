@@ -45,6 +45,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _sessions_proven_per_test() -> Iterator[None]:
+    """A listening worker proves its alias's sessions its own for the process
+    (store/direct.py: its statements are prepared from then on); each test
+    starts from what the process had proven before it."""
+    from django_delayq.store import direct
+
+    before = set(direct.SESSIONS)
+    yield
+    direct.SESSIONS.clear()
+    direct.SESSIONS.update(before)
+
+
 def wait_for(
     predicate: Callable[[], object],
     timeout: float = 30.0,

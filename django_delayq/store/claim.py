@@ -277,9 +277,14 @@ def _claim_changes(key: _ClaimKey) -> dict[str, Any]:
 _claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
 
 
+#: How many rows the last claim of each statement took.
+_last_taken: dict[_ClaimKey, int] = {}
+
+
 def forget_compiled_claims() -> None:
     """Compile claims again (the settings they depend on changed)."""
     _claim_statements.clear()
+    _last_taken.clear()
 
 
 def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
@@ -324,5 +329,10 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
             _claim_statements[key] = compiled
     sql, set_params, picked_params = compiled
     token_param = model_field(model, "lock_token").get_db_prep_value(token, connection)
-    rows = direct.fetch(connection, sql, [*set_params, token_param, *picked_params])
+    # Prepared while it takes few rows (an idle worker's pickup, a chain's next
+    # step), where planning is most of its cost; planned at each call while it
+    # drains a backlog (direct.PREPARED_ROWS).
+    few = _last_taken.get(key, 0) <= direct.PREPARED_ROWS
+    rows = direct.fetch(connection, sql, [*set_params, token_param, *picked_params], prepare=few)
+    _last_taken[key] = len(rows)
     return rows_from(model, connection, rows)

@@ -61,6 +61,7 @@ from django_delayq.conf import get_config
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Dependency, Message
 from django_delayq.status import FINISHED, Status
+from django_delayq.store import direct
 from django_delayq.store.columns import IN_BATCH, batches, db_alias, quote_names
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
@@ -325,10 +326,15 @@ def _end_in_one_statement(
         )
 
     try:
-        with connection.cursor() as cursor:
-            # The locking form names the condition twice: the children, the edges.
-            cursor.execute(sql(sweep, bounded), given * (1 + sweep) + tail)
-            rows = cursor.fetchall()
+        # The locking form names the condition twice: the children, the edges.
+        # A worker's release after its parents' outcome is the same text at every
+        # step of a chain: prepared where that is safe (store/direct.py).
+        rows = direct.fetch(
+            connection,
+            sql(sweep, bounded),
+            given * (1 + sweep) + tail,
+            prepare=not sweep and len(ids or ()) == 1,
+        )
     except OperationalError as exc:
         if not bounded or getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
             raise

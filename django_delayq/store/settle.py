@@ -134,11 +134,11 @@ def update_held(
     sql += where
     if no_wait:
         return _without_waiting(connection, sql, params)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if returning:
-            return {row[0] for row in cursor.fetchall()}
-        return cursor.rowcount
+    # The same text again and again when its changes are (an acknowledgement's).
+    again = same_as is not None and len(ids) <= direct.PREPARED_ROWS
+    if returning:
+        return {row[0] for row in direct.fetch(connection, sql, params, prepare=again)}
+    return direct.execute(connection, sql, params, prepare=again)
 
 
 def _without_waiting(connection: Any, sql: str, params: list[Any]) -> int:
@@ -312,7 +312,12 @@ def _ack_pairs(
     prepared = {t: model_field(model, "lock_token").get_db_prep_value(t, connection) for t in held}
     ids = [pk for pks in held.values() for pk in pks]
     tokens = [prepared[t] for t, pks in held.items() for _ in pks]
-    rows = direct.fetch(connection, f"{sql} {where}", [*set_params, ids, tokens])
+    rows = direct.fetch(
+        connection,
+        f"{sql} {where}",
+        [*set_params, ids, tokens],
+        prepare=len(ids) <= direct.PREPARED_ROWS,
+    )
     token_of = {value: t for t, value in prepared.items()}
     return {(pk, token_of.get(value, value)) for pk, value in rows}
 

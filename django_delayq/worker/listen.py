@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connections
 
 from django_delayq.conf import get_config
+from django_delayq.store import direct
 from django_delayq.store.features import features
 from django_delayq.store.wakeup import NOTIFY_CHANNEL
 
@@ -145,6 +146,9 @@ def open_listener(using: str, interval: float) -> tuple[Any, Mode]:
                 "(not the same database? a pooler in transaction mode?)"
             )
         return None, polling(interval, why, degraded=True)
+    if alias == using:
+        # A session that keeps its LISTEN keeps its prepared statements too.
+        direct.sessions_proven(using)
     return conn, Mode(True, f"wake-up: LISTEN on alias {alias!r} (pickup within milliseconds)")
 
 

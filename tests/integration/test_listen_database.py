@@ -16,6 +16,7 @@ from django.db import connection, connections
 from django_delayq import enqueue
 from django_delayq.checks import check_listen_database, check_notifications
 from django_delayq.models import Message
+from django_delayq.store import direct
 from tests.conftest import wait_for
 from tests.pooler import behind_pooler, session_alias
 
@@ -147,6 +148,10 @@ def test_a_listening_worker_picks_up_by_notification(
         f"wake-up: LISTEN on alias '{session_alias()}' (pickup within milliseconds)"
     )
     assert line.levelno == logging.INFO
+    # Its LISTEN proved the queue's alias a session of its own (store/direct.py:
+    # the claim and the acknowledgement are prepared there), unless it listens
+    # on another alias: the queue's then goes through the pooler.
+    assert ("default" in direct.SESSIONS) == (session_alias() == "default")
     for _ in range(3):
         # One after the other, each once the worker is idle again.
         message = enqueue("default", {}).message
@@ -169,6 +174,8 @@ def test_behind_a_pooler_without_a_listen_alias_the_worker_polls_and_says_so(
         "(a pooler in transaction mode?); set DELAYQ['LISTEN_DATABASE'] to a direct alias"
     )
     assert line.levelno == logging.WARNING
+    # Another client's statement may hide under a prepared statement's name there.
+    assert "default" not in direct.SESSIONS
     message = enqueue("default", {}).message
     wait_for(
         lambda: Message.objects.filter(pk=message.pk, status="succeeded").exists(),

@@ -19,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django_delayq import enqueue
 from django_delayq.models import Message
 from django_delayq.store import claim, direct
+from tests.pooler import skip_behind_pooler
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -55,7 +56,23 @@ def test_the_short_way_is_taken_only_when_nothing_watches_the_wrapper() -> None:
     assert seen == ["SELECT 1"]
 
 
-def test_a_claim_reads_the_same_rows_either_way() -> None:
+@pytest.fixture(params=["client-side binding", "prepared"])
+def way(request: pytest.FixtureRequest) -> str:
+    """Whether the alias's sessions are proven its own (its statements prepared)."""
+    if request.param == "prepared":
+        skip_behind_pooler("a prepared statement may be another client's there")
+        direct.sessions_proven(connection.alias)
+    return request.param
+
+
+def prepared_statements() -> list[str]:
+    """The statements prepared in this connection's session."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_a_claim_reads_the_same_rows_either_way(way: str) -> None:
     enqueue("direct", {"n": 1, "when": "a"}, key="short", priority=3)
     enqueue("direct", {"n": 1, "when": "a"}, key="wrapped", priority=2)
     short = claimed("direct")
@@ -95,7 +112,9 @@ def test_a_broken_transaction_is_refused_before_the_statement() -> None:
             direct.fetch(connection, "SELECT 1", [])
 
 
-def test_a_connection_in_a_time_zone_of_its_own_reads_the_same_datetimes_the_short_way() -> None:
+def test_a_connection_in_a_time_zone_of_its_own_reads_the_same_datetimes_the_short_way(
+    way: str,
+) -> None:
     # DATABASES[...]["TIME_ZONE"]: Django reads datetimes in that zone. The short
     # way holds the cursor Django's wrapper would (connection.create_cursor(),
     # its time zone loader set), and reads the same values in the same zone.
@@ -125,3 +144,37 @@ def test_a_connection_in_a_time_zone_of_its_own_reads_the_same_datetimes_the_sho
             assert a.utcoffset() == b.utcoffset() == timedelta(hours=5, minutes=45), name
     finally:
         use(saved)
+
+
+def test_the_claim_and_the_ack_are_prepared_only_where_sessions_are_proven_the_clients() -> None:
+    # Behind a pooler in transaction mode a prepared statement may be another
+    # client's under the same name: nothing is prepared until a worker's LISTEN
+    # proved the alias's sessions its own (worker/listen.py).
+    from django_delayq.store import settle
+
+    skip_behind_pooler("the session that prepared a statement is not the next statement's")
+    options = connection.settings_dict.get("OPTIONS", {})
+    if options.get("server_side_binding") or "prepare_threshold" in options:
+        pytest.skip("psycopg prepares every statement of this configuration")
+    connection.close()
+    for key in "abcdef":
+        enqueue("direct-prepared", {}, key=key)
+
+    def claim_and_ack_two() -> None:
+        # Acknowledged together (the acknowledgement thread's batch), and alone.
+        one, two = claimed("direct-prepared"), claimed("direct-prepared")
+        held = {one.lock_token: [one.pk], two.lock_token: [two.pk]}
+        assert settle.ack_held(held) == {(one.pk, one.lock_token), (two.pk, two.lock_token)}
+        three = claimed("direct-prepared")
+        assert settle.ack([three.pk], three.lock_token) == 1
+
+    claim_and_ack_two()
+    assert not [s for s in prepared_statements() if "lock_token" in s]
+
+    direct.sessions_proven(connection.alias)
+    claim_and_ack_two()
+    statements = [s for s in prepared_statements() if "lock_token" in s]
+    # The claim's, and the acknowledgements' (of several claims, of one).
+    assert len(statements) == 3, statements
+    statuses = Message.objects.filter(queue="direct-prepared").values_list("status", flat=True)
+    assert set(statuses) == {"succeeded"}
