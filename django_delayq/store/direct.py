@@ -19,8 +19,8 @@ Instrumentation that patches Django's cursor wrapper itself (some tracing
 libraries do) does not see these statements.
 
 **Prepared, where that is proven safe.** Their text never changes, so the
-server need not parse and plan them again at every call (a quarter of a
-millisecond of a claim's round trip). A prepared statement lives in the
+server need not parse and plan them again at every call (about half a
+millisecond of a one-row claim, most of its time on the server). A prepared statement lives in the
 server's session, though, and behind a pooler in transaction mode the next
 transaction may run in another client's session, where the same name may
 be another statement. So they are prepared only on an alias whose sessions
@@ -108,7 +108,7 @@ def _binding_cursor(connection: BaseDatabaseWrapper) -> Any:
 
 
 def fetch(
-    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = True
+    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
 ) -> list[tuple[Any, ...]]:
     """Run ``sql`` (``%s`` placeholders) and return every row it returns.
 
@@ -121,7 +121,7 @@ def fetch(
 
 
 def execute(
-    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = True
+    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], *, prepare: bool = False
 ) -> int:
     """Run ``sql`` as :func:`fetch` does; returns how many rows it changed."""
     return _run(connection, sql, params, prepare, lambda cursor: cursor.rowcount)
