@@ -66,7 +66,8 @@ def sessions_proven(alias: str) -> None:
 
 def _driver_cursor(connection: BaseDatabaseWrapper, prepare: bool = False) -> Any | None:
     """A cursor of the driver's connection for a statement, or None: the wrapper's way;
-    ``prepare``: one that can prepare it, where sessions are proven the client's."""
+    ``prepare``: one that can prepare it (the caller checked that sessions are proven
+    the client's)."""
     watched = connection.queries_logged or connection.execute_wrappers
     if connection.vendor != "postgresql" or watched:
         return None
@@ -75,7 +76,7 @@ def _driver_cursor(connection: BaseDatabaseWrapper, prepare: bool = False) -> An
         return None
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
-    if prepare and connection.alias in SESSIONS:
+    if prepare:
         return _binding_cursor(connection)
     # The cursor Django's wrapper would hold: its time zone loader set where the
     # connection's time zone differs from the driver's.

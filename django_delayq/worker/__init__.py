@@ -448,7 +448,8 @@ class Worker:
                         backoff = min(backoff, left)
                     self.health.turned(pause=backoff)
                     logger.warning(
-                        "database error while claiming; reconnecting in %.1f s",
+                        "database error while %s; reconnecting in %.1f s",
+                        "claiming" if registered else "recording this worker's name",
                         backoff,
                         exc_info=True,
                     )
