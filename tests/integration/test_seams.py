@@ -23,6 +23,7 @@ from django_delayq.models import Message
 from django_delayq.store import claim, leases, settle
 from django_delayq.worker import Worker
 from django_delayq.worker.execute import Result, execute
+from django_delayq.worker.runner import Runner
 from tests.conftest import finishes_within, wait_for
 from tests.testapp.handlers import RUNS, gate
 from tests.testapp.models import Effect, Execution
@@ -177,18 +178,30 @@ def test_a_receiver_raising_a_base_exception_stops_nothing(run_worker, raised, s
 @pytest.mark.parametrize("ack_delay", [0.005, None], ids=["grouped", "single"])
 @pytest.mark.parametrize("how", ["orm", "raw"])
 def test_an_atomic_handler_that_swallows_a_database_error_is_not_acknowledged(
-    run_worker, settings, how, ack_delay
+    run_worker, settings, monkeypatch, how, ack_delay
 ):
     if how == "raw" and connection.vendor != "postgresql":
         pytest.skip("only PostgreSQL aborts a transaction on an error Django did not see")
     settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": ack_delay}
     message = enqueue("atomic-swallow", {"how": how, "swallow_attempts": 1}).message
+    # A well-behaved atomic message queued behind it: on PostgreSQL with
+    # ACK_DELAY the two run in one group (a message alone runs in a
+    # transaction of its own), and the partner's writes commit.
+    partner = enqueue("atomic-swallow", {"how": how, "swallow_attempts": 0}).message
+    groups = []
+    run_group = Runner._run_group
+    monkeypatch.setattr(
+        Runner, "_run_group", lambda self, item: groups.append(item.row.pk) or run_group(self, item)
+    )
     stats = run_worker(["atomic-swallow"])
     message.refresh_from_db()
     assert Effect.objects.filter(message_id=message.pk).count() == 0
     assert (message.status, message.attempt_count) == ("pending", 1)
     assert "database error" in message.last_error
-    assert stats[Result.RETRYING] == 1 and not stats[Result.SUCCEEDED]
+    assert stats[Result.RETRYING] == 1 and stats[Result.SUCCEEDED] == 1
+    assert Effect.objects.filter(message_id=partner.pk).count() == 1
+    grouped = ack_delay is not None and connection.vendor == "postgresql"
+    assert groups == ([message.pk] if grouped else [])
 
 
 # -- the keeper and an acknowledgement that commits while it looks --------------------
