@@ -1,10 +1,11 @@
-"""PostgreSQL: a claim commits without waiting for the write-ahead log, and only it.
+"""PostgreSQL: a claim, and a worker's release of a workflow's steps, commit without
+waiting for the write-ahead log, and only they.
 
-``synchronous_commit`` is off for the claim's own transaction (``set_config``
+``synchronous_commit`` is off for their own transaction (``set_config``
 with ``is_local``), never for the session: the acknowledgements, the
 handlers' writes and everything else a worker's connection runs afterwards
-still wait for the disk (see the claim statement in
-``store/sql/postgresql.sql`` for why a lost claim is harmless).
+still wait for the disk (see the claim and ``end_edges_lock_wait`` in
+``store/sql/postgresql.sql`` for why a lost claim or release is harmless).
 """
 
 from datetime import timedelta
@@ -13,7 +14,9 @@ import pytest
 from django.db import connection, transaction  # noqa: F401 (read by skipif)
 
 from django_delayq import enqueue
+from django_delayq.models import Message
 from django_delayq.store import claim as store_claim
+from django_delayq.store import dependencies, direct
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -51,4 +54,37 @@ def test_the_session_keeps_synchronous_commits_after_a_claim():
 def test_an_empty_claim_changes_nothing():
     with transaction.atomic():
         assert claim().messages == []
+        assert synchronous_commit() == "on"
+
+
+def finished_parent_and_its_child() -> tuple[Message, Message]:
+    parent = enqueue("default", {}, key="parent").message
+    child = enqueue("default", {}, key="child", after=[parent]).message
+    Message.objects.filter(pk=parent.pk).update(status="succeeded")
+    return parent, child
+
+
+def test_a_workers_release_of_the_steps_it_let_go_commits_asynchronously(monkeypatch):
+    # A chain's step waited for two flushes of the log: its parent's outcome,
+    # then the release. The release is made again by the sweep if a crash
+    # loses it, so only the outcome waits.
+    parent, child = finished_parent_and_its_child()
+    sent: list[str] = []
+    fetch = direct.fetch
+    monkeypatch.setattr(
+        direct,
+        "fetch",
+        lambda conn, sql, *args, **kw: sent.append(sql) or fetch(conn, sql, *args, **kw),
+    )
+    assert dependencies.settle_without_waiting([parent.pk]).released == [child.pk]
+    assert any("'synchronous_commit', 'off', true" in sql for sql in sent)
+    assert synchronous_commit() == "on"  # its own transaction only
+
+
+def test_a_release_in_the_callers_transaction_keeps_its_synchronous_commit():
+    # An operator's action (a retry, a delete) releases steps in its own
+    # transaction: that one must still wait for the disk.
+    parent, child = finished_parent_and_its_child()
+    with transaction.atomic():
+        assert dependencies.settle([parent.pk], skip_locked=True).released == [child.pk]
         assert synchronous_commit() == "on"

@@ -305,5 +305,13 @@ kids AS MATERIALIZED (
     OR NOT EXISTS (SELECT 1 FROM {message} x WHERE x.{id} = d.{child_id}))
 
 -- name: end_edges_lock_wait
--- end_edges' bound on a worker's wait for a child's row lock (see end_edges).
+-- end_edges' bound on a worker's wait for a child's row lock (see end_edges),
+-- and its commit, which does not wait for the write-ahead log to reach the
+-- disk (the claim's way, for its own transaction only): what a server crash
+-- can lose is the release alone, which the sweep makes again from the
+-- parent's outcome (committed before it, synchronously), and the log is
+-- flushed in order, so a released step's own outcome flushes its release
+-- first. A chain's step waited for two flushes (its parent's outcome, then
+-- the release); now for one.
  AND (SELECT set_config('lock_timeout', '{ms}ms', true)) IS NOT NULL
+ AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
