@@ -924,6 +924,27 @@ LATE_HEARTBEAT = re.compile(
 STARVED_SLACK = timedelta(seconds=1)
 
 
+# The receivers of an outcome's signal run after the outcome committed: a
+# worker killed between the two leaves the message ended (the database says
+# so, and nothing runs it again) with its receiver never called.
+ANNOUNCED_AFTER_COMMIT = {"succeeded": "succeeded", "failed": "failed"}
+
+
+def _killed_before_announcing(
+    message: dict[str, Any], runs: dict[int, list[dict[str, Any]]], kills: dict[int, datetime]
+) -> bool:
+    """Whether ``message`` ended as its callback's signal says, in a run whose worker
+    was killed (SIGKILL) after that run started: its announcement may never have come."""
+    if message["status"] != ANNOUNCED_AFTER_COMMIT[message["payload"]["where"]]:
+        return False
+    mine = runs.get(message["id"], [])
+    if not mine:
+        return False
+    last = max(mine, key=lambda r: r["started"])
+    killed = kills.get(last["pid"])
+    return killed is not None and killed >= last["started"]
+
+
 def late_heartbeats(logs: str) -> dict[int, list[tuple[datetime, datetime]]]:
     """Each worker's windows without a heartbeat past its promise, by pid (log times are
     this host's local time)."""
@@ -1141,6 +1162,8 @@ def check(run: Run, elapsed: float) -> Table:
     for m in messages.values():
         p = m["payload"]
         if isinstance(p, dict) and p.get("where") and fired_pairs[p["where"], p["exc"]] == 0:
+            if p["where"] in ANNOUNCED_AFTER_COMMIT and _killed_before_announcing(m, runs, kills):
+                continue
             table.violate(adv(m), "lost or wrong end", f"{p['where']} never raised")
 
     # lanes: per worker and queue (the handler's concurrency, else the worker's), and global
