@@ -75,11 +75,16 @@ def wait_for(
         time.sleep(interval)
 
 
-def finishes_within(seconds: float, function: Callable[[], object]) -> object:
+def finishes_within(
+    seconds: float, function: Callable[[], object], describe: Callable[[], str] | None = None
+) -> object:
     """``function()``'s result (or its exception), failing the test if it runs longer.
 
     It runs in a daemon thread, so a regression that makes it loop forever
     fails this test instead of hanging the suite (the thread is left behind).
+    The failure shows where every thread of the process stood, and what
+    ``describe()`` says (a worker's book and lanes): a hang seen once in a
+    while can then be read from the one run that showed it.
     """
     outcome: dict[str, Any] = {}
 
@@ -97,10 +102,27 @@ def finishes_within(seconds: float, function: Callable[[], object]) -> object:
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        pytest.fail(f"still running after {seconds} s")
+        pytest.fail(f"still running after {seconds} s\n{_where_threads_are(describe)}")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _where_threads_are(describe: Callable[[], str] | None) -> str:
+    import sys
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    if describe is not None:
+        try:
+            parts.append(describe())
+        except Exception as exc:  # a description must not hide the timeout
+            parts.append(f"(describe() failed: {exc!r})")
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame, limit=12))
+        parts.append(f"--- thread {names.get(ident, ident)}\n{stack}")
+    return "\n".join(parts)
 
 
 class FakeClock:
