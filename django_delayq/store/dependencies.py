@@ -193,14 +193,19 @@ def settle(
         _end(alias, done, "parent_id", chunk, skip_locked)
     for chunk in batches(sorted(children or ())):
         _end(alias, done, "child_id", chunk, skip_locked)
+    _follow(alias, done, skip_locked)
+    return done
+
+
+def _follow(alias: str, done: Settled, skip_locked: bool) -> None:
+    """The children cancelled are finished now: their own children's edges end too,
+    down the graph; then what follows a release (:func:`_after`)."""
     followed = 0
     while followed < len(done.cancelled):
-        # Finished now: their children's edges end too.
         chunk = done.cancelled[followed : followed + IN_BATCH]
         followed += len(chunk)
         _end(alias, done, "parent_id", chunk, skip_locked)
     _after(alias, done)
-    return done
 
 
 #: How long :func:`settle_without_waiting` tries again for the children it found
@@ -265,6 +270,95 @@ def _end_in_one_statement(
     sweep. The statement stays the plain one there: its planning is most of
     its cost, and a chain's every step runs it.
     """
+    given: list[Any] = []  # the condition's parameters
+    p = _names(connection)
+    if column is None:
+        condition = "TRUE"
+    elif column == "parent_id":
+        # On the parent's primary key: each parent read by its id.
+        condition = f"p.{p['id']} = ANY(%s)"
+        given.append(list(ids or ()))
+    else:
+        condition = f"d.{p['child_id']} = ANY(%s)"
+        given.append(list(ids or ()))
+    tail = _notify_tail(connection)
+    sweep = skip_locked and column is None
+    # In autocommit only: the settings last until the end of the transaction.
+    bounded = skip_locked and not sweep and not connection.in_atomic_block
+    try:
+        # The locking form names the condition twice: the children, the edges.
+        # A worker's release after its parents' outcome is the same text at every
+        # step of a chain: prepared where that is safe (store/direct.py).
+        rows = direct.fetch(
+            connection,
+            _end_edges_text(connection, condition, locking=sweep, bounded=bounded),
+            given * (1 + sweep) + tail,
+            prepare=not sweep and len(ids or ()) == 1,
+        )
+    except OperationalError as exc:
+        if not bounded or getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        # A child of this call is held elsewhere: lock the children first,
+        # passing those held (their edges stay open, for the sweep), and end
+        # the rest now. Planned at each use, but met only under contention;
+        # bounded too (an edge's row lock), so it never waits longer either.
+        done.skipped = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    _end_edges_text(connection, condition, locking=True, bounded=True),
+                    given * 2 + tail,
+                )
+                rows = cursor.fetchall()
+        except OperationalError as again:
+            if getattr(again.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            return  # every edge of this call stays open, for the sweep
+    _read_ended(connection, done, rows)
+
+
+def with_outcome(
+    connection: Any, outcome: str, params: Sequence[Any], *, prepare: bool
+) -> tuple[int, Settled] | None:
+    """Write a parent's outcome and release (or cancel) its children in one statement.
+
+    ``outcome`` is the outcome's ``UPDATE`` with its compare-and-set (no
+    ``RETURNING``), ``params`` its parameters. Returns how many rows it
+    changed and what the release did; None where it cannot be one statement
+    (not PostgreSQL, or inside the caller's transaction), or where a child's
+    row lock held elsewhere made it give up after :data:`LOCK_WAIT`: then
+    nothing was written, and the caller writes the outcome alone and
+    releases after it (:func:`settle_without_waiting`). A worker that ran a
+    parent alone acknowledges it so: a chain's step is one round trip and
+    one commit less.
+    """
+    can = features(connection)
+    if not can.array_parameters or connection.in_atomic_block:
+        return None
+    text = _end_edges_text(
+        connection,
+        "TRUE",  # the edges of every row the outcome changed
+        locking=False,
+        bounded=True,
+        outcome=outcome,
+    )
+    try:
+        rows = direct.fetch(
+            connection, text, [*params, *_notify_tail(connection)], prepare=prepare
+        )
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        return None
+    done = Settled()
+    ended = [row for row in rows if row[3] != Status.SUCCEEDED]
+    _read_ended(connection, done, ended)
+    _follow(connection.alias, done, skip_locked=True)
+    return len(rows) - len(ended), done
+
+
+def _names(connection: Any) -> dict[str, str]:
+    """The quoted names end_edges uses: the message table's and the edges'."""
     message = quote_names(
         Message,
         connection,
@@ -281,80 +375,82 @@ def _end_in_one_statement(
         "updated_at",
     )
     edge = quote_names(Dependency, connection, "parent_id", "child_id", "position", "parent_ended")
-    given: list[Any] = []  # the condition's parameters
-    if column is None:
-        condition = "TRUE"
-    elif column == "parent_id":
-        # On the parent's primary key: each parent read by its id.
-        condition = f"p.{message['id']} = ANY(%s)"
-        given.append(list(ids or ()))
-    else:
-        condition = f"d.{edge[column]} = ANY(%s)"
-        given.append(list(ids or ()))
-    can = features(connection)
-    # The wake-up rides on the statement: one round trip less per step of a chain.
-    notes = can.notify and get_config()["NOTIFY"]
-    tail = [NOTIFY_CHANNEL] if notes else []
-    names = {
+    return {
         "message": message["table"],
         "dependency": edge["table"],
         **{k: v for k, v in message.items() if k != "table"},
         **{k: v for k, v in edge.items() if k != "table"},
     }
-    sweep = skip_locked and column is None
-    # In autocommit only: the setting lasts until the end of the transaction.
-    bounded = skip_locked and not sweep and not connection.in_atomic_block
 
-    def sql(locking: bool, lock_wait: bool) -> str:
-        return statement("end_edges", can).format(
-            notes=statement("end_edges_notes", can).format(queue=message["queue"]) if notes else "",
-            noted=", (SELECT count(*) FROM notes)" if notes else "",
-            locked=statement("end_edges_locked", can).format(edges=condition, **names) + " "
-            if locking
-            else "",
-            only_locked=" " + statement("end_edges_only_locked", can).format(**names)
-            if locking
-            else "",
-            lock_wait=" " + statement("end_edges_lock_wait", can).format(ms=int(LOCK_WAIT * 1000))
-            if lock_wait
-            else "",
-            edges=condition,
-            now=_now_sql(),
-            due=connection.ops.quote_name("next_attempt_time"),
-            policy=connection.ops.quote_name("on_parent_failure"),
-            **names,
-        )
 
-    try:
-        # The locking form names the condition twice: the children, the edges.
-        # A worker's release after its parents' outcome is the same text at every
-        # step of a chain: prepared where that is safe (store/direct.py).
-        rows = direct.fetch(
-            connection,
-            sql(sweep, bounded),
-            given * (1 + sweep) + tail,
-            prepare=not sweep and len(ids or ()) == 1,
-        )
-    except OperationalError as exc:
-        if not bounded or getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-            raise
-        # A child of this call is held elsewhere: lock the children first,
-        # passing those held (their edges stay open, for the sweep), and end
-        # the rest now. Planned at each use, but met only under contention;
-        # bounded too (an edge's row lock), so it never waits longer either.
-        done.skipped = True
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql(True, True), given * 2 + tail)
-                rows = cursor.fetchall()
-        except OperationalError as again:
-            if getattr(again.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                raise
-            return  # every edge of this call stays open, for the sweep
+def _notify_tail(connection: Any) -> list[Any]:
+    """The wake-up's parameter, where the release notifies (it rides on the statement:
+    one round trip less per step of a chain)."""
+    return [NOTIFY_CHANNEL] if features(connection).notify and get_config()["NOTIFY"] else []
+
+
+def _end_edges_text(
+    connection: Any, condition: str, *, locking: bool, bounded: bool, outcome: str | None = None
+) -> str:
+    """The text of ``end_edges`` (kept: the same at every step of a chain).
+
+    ``locking``: children locked first (the sweep's form). ``bounded``: a
+    worker's statement in autocommit, whose wait for a child's lock is
+    bounded; after its parent's outcome committed it also commits without
+    waiting for the log (with ``outcome``, the outcome commits with it and
+    waits as every outcome does).
+    """
+    notes = bool(_notify_tail(connection))
+    key = (type(connection), connection.alias, condition, locking, bounded, outcome, notes)
+    text = _texts.get(key)
+    if text is not None:
+        return text
+    can = features(connection)
+    names = _names(connection)
+    noted = ", (SELECT count(*) FROM notes)" if notes else ""
+    ctes = ""
+    if outcome is not None:
+        ctes += statement("end_edges_acked", can).format(outcome=outcome, **names) + " "
+    if locking:
+        ctes += statement("end_edges_locked", can).format(edges=condition, **names) + " "
+    wait = ""
+    if bounded:
+        wait = " " + statement("end_edges_lock_wait", can).format(ms=int(LOCK_WAIT * 1000))
+        if outcome is None:
+            wait += " " + statement("end_edges_async_commit", can)
+    text = statement("end_edges", can).format(
+        notes=statement("end_edges_notes", can).format(queue=names["queue"]) if notes else "",
+        noted=noted,
+        locked=ctes,
+        only_locked=" " + statement("end_edges_only_locked", can).format(**names)
+        if locking
+        else "",
+        lock_wait=wait,
+        parents="acked" if outcome is not None else names["message"],
+        also=statement("end_edges_acked_rows", can).format(noted=noted, **names)
+        if outcome is not None
+        else "",
+        edges=condition,
+        now=_now_sql(),
+        due=connection.ops.quote_name("next_attempt_time"),
+        policy=connection.ops.quote_name("on_parent_failure"),
+        **names,
+    )
+    if len(_texts) < 256:
+        _texts[key] = text
+    return text
+
+
+_texts: dict[tuple[Any, ...], str] = {}
+
+
+def _read_ended(connection: Any, done: Settled, rows: Sequence[Sequence[Any]]) -> None:
+    """What end_edges returned: the children it released, and those it cancelled."""
+    notified = bool(_notify_tail(connection))
     cancelled = []
     for pk, queue, group, status, released, *_ in rows:
         if released:
-            _released(done, pk, queue, group, notified=notes)
+            _released(done, pk, queue, group, notified=notified)
         elif status == Status.CANCELLED:
             cancelled.append(pk)
     if cancelled:

@@ -24,7 +24,7 @@ from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Message
 from django_delayq.status import Status
-from django_delayq.store import direct
+from django_delayq.store import dependencies, direct
 from django_delayq.store.columns import db_alias, fit, has_column, inlined, model_field, quote_names
 from django_delayq.store.features import features
 from django_delayq.store.sql import statement
@@ -113,6 +113,32 @@ def update_held(
             if mine:
                 update_held(mine, token, changes, using=alias, model=model, same_as=same_as)
         return mine if returning else len(mine)
+    sql, params = _held_update(
+        ids, token, changes, alias, model, same_as, skip_locked=skip_locked, returning=returning
+    )
+    if no_wait:
+        return _without_waiting(connection, sql, params)
+    # The same text again and again when its changes are (an acknowledgement's).
+    again = same_as is not None and len(ids) <= direct.PREPARED_ROWS
+    if returning:
+        return {row[0] for row in direct.fetch(connection, sql, params, prepare=again)}
+    return direct.execute(connection, sql, params, prepare=again)
+
+
+def _held_update(
+    ids: list[Any],
+    token: uuid.UUID,
+    changes: Mapping[str, Any],
+    alias: str,
+    model: type[Model],
+    same_as: Hashable,
+    *,
+    skip_locked: bool,
+    returning: bool,
+) -> tuple[str, list[Any]]:
+    """``UPDATE <table> SET <changes> WHERE <held_rows>`` and its parameters."""
+    connection = connections[alias]
+    can = features(connection)
     sql, set_params = _set_clause(model, alias, changes, same_as)
     if can.array_parameters:
         id_params: list[Any] = [ids]
@@ -131,14 +157,7 @@ def update_held(
         *id_params,
         model_field(model, "lock_token").get_db_prep_value(token, connection),
     ]
-    sql += where
-    if no_wait:
-        return _without_waiting(connection, sql, params)
-    # The same text again and again when its changes are (an acknowledgement's).
-    again = same_as is not None and len(ids) <= direct.PREPARED_ROWS
-    if returning:
-        return {row[0] for row in direct.fetch(connection, sql, params, prepare=again)}
-    return direct.execute(connection, sql, params, prepare=again)
+    return sql + where, params
 
 
 def _without_waiting(connection: Any, sql: str, params: list[Any]) -> int:
@@ -249,6 +268,40 @@ def ack(
             same_as="succeeded" if result is None else None,
             skip_locked=skip_locked,
         )
+    )
+
+
+def ack_releasing(
+    message_id: Any,
+    token: uuid.UUID,
+    *,
+    using: str,
+    skip_locked: bool = False,
+    result: Any = None,
+) -> tuple[int, dependencies.Settled] | None:
+    """:func:`ack` of one workflow parent and the release of its children, in one
+    statement (PostgreSQL, autocommit: :func:`dependencies.with_outcome`).
+
+    Returns whether the acknowledgement took (1 or 0) and what the release
+    did, or None where it cannot be one statement: nothing was written then,
+    and the caller acknowledges alone and releases after.
+    """
+    changes = _succeeded()
+    if result is not None:
+        changes["result"] = result.value
+    same_as = "succeeded" if result is None else None
+    sql, params = _held_update(
+        [message_id],
+        token,
+        changes,
+        using,
+        Message,
+        same_as,
+        skip_locked=skip_locked,
+        returning=False,
+    )
+    return dependencies.with_outcome(
+        connections[using], sql, params, prepare=same_as is not None
     )
 
 

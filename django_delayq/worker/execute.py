@@ -389,6 +389,17 @@ def execute(
         return DEFERRED
 
     def acknowledge(skip_locked: bool) -> int:
+        if getattr(message, "has_children", False):
+            # A workflow's parent: its children are released by the same
+            # statement where that can be (PostgreSQL, autocommit).
+            both = settle.ack_releasing(
+                message.pk, token, using=using, skip_locked=skip_locked, result=returned
+            )
+            if both is not None:
+                took, released = both
+                if took:
+                    message.__dict__[RELEASED_CHILDREN] = released
+                return took
         return settle.ack(
             [message.pk],
             token,
@@ -556,8 +567,8 @@ def _children_go_on(message: Message, using: str) -> None:
     """Release (or cancel) the messages enqueued ``after=`` ``message``, now that its
     outcome has committed: a chain's next step is due at once, not at the sweep's
     next round (which does it if this fails, or the worker dies first)."""
-    if not getattr(message, "has_children", False):
-        return
+    if not getattr(message, "has_children", False) or RELEASED_CHILDREN in message.__dict__:
+        return  # none, or released by the statement that wrote its outcome
     try:
         settled = dependencies.settle_without_waiting([message.pk], using=using)
     except DB_ERRORS:

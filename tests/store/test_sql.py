@@ -105,6 +105,8 @@ USES: dict[str, Use] = {
         "locked",
         "only_locked",
         "lock_wait",
+        "parents",
+        "also",
         "id",
         "status",
         "queue",
@@ -135,6 +137,9 @@ USES: dict[str, Use] = {
     ),  # fmt: skip
     "end_edges_only_locked": use(lambda f: f.array_parameters, "child_id", "id", "message"),
     "end_edges_lock_wait": use(lambda f: f.array_parameters, "ms"),
+    "end_edges_async_commit": use(lambda f: f.array_parameters),
+    "end_edges_acked": use(lambda f: f.array_parameters, "outcome", "id", "queue", "key", "status"),
+    "end_edges_acked_rows": use(lambda f: f.array_parameters, "id", "status", "noted"),
     # queries.py
     "distinct_values": use(lambda f: f.loose_index_scan, "col", "table", "where"),
     "next_due": use(always, "due", "table", "status", "queues"),

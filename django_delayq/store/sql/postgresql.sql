@@ -239,10 +239,12 @@ SELECT 1 FROM r
 -- statement rather than wait on (no round trip of its own for the setting);
 -- the worker then sends it again as the sweep's form, for its own edges.
 -- {notes} is empty, or the CTE end_edges_notes (wake the idle workers of the
--- released ones' queues, at commit) and {noted} what makes it run.
+-- released ones' queues, at commit) and {noted} what makes it run. {parents}
+-- is the message table, or the CTE end_edges_acked (the parent's outcome
+-- written by this statement, whose rows follow the released ones: {also}).
 WITH {locked}ended AS (
     UPDATE {dependency} d SET {parent_ended} = p.{status}
-    FROM {message} p
+    FROM {parents} p
     WHERE p.{id} = d.{parent_id} AND d.{parent_ended} = ''
         AND p.{status} <> 'pending' AND p.{status} <> 'running' AND ({edges}){only_locked}{lock_wait}
     RETURNING d.{child_id} AS child, d.{position} AS place, p.{status} AS status,
@@ -274,7 +276,7 @@ WITH {locked}ended AS (
         c.{due} AS due
 ){notes}
 SELECT {id}, {queue}, {group}, {status}, released{noted} FROM changed
-WHERE released OR {status} = 'cancelled'
+WHERE released OR {status} = 'cancelled'{also}
 
 -- name: end_edges_locked
 -- end_edges' children (of the sweep, or of a worker's call whose wait for a
@@ -305,13 +307,30 @@ kids AS MATERIALIZED (
     OR NOT EXISTS (SELECT 1 FROM {message} x WHERE x.{id} = d.{child_id}))
 
 -- name: end_edges_lock_wait
--- end_edges' bound on a worker's wait for a child's row lock (see end_edges),
--- and its commit, which does not wait for the write-ahead log to reach the
--- disk (the claim's way, for its own transaction only): what a server crash
--- can lose is the release alone, which the sweep makes again from the
--- parent's outcome (committed before it, synchronously), and the log is
--- flushed in order, so a released step's own outcome flushes its release
--- first. A chain's step waited for two flushes (its parent's outcome, then
--- the release); now for one.
+-- end_edges' bound on a worker's wait for a child's row lock (see end_edges).
  AND (SELECT set_config('lock_timeout', '{ms}ms', true)) IS NOT NULL
+
+-- name: end_edges_async_commit
+-- A worker's end_edges after its parent's outcome committed: its commit does
+-- not wait for the write-ahead log to reach the disk (the claim's way, for
+-- its own transaction only). What a server crash can lose is the release
+-- alone, which the sweep makes again from the parent's outcome (committed
+-- before it, synchronously), and the log is flushed in order, so a released
+-- step's own outcome flushes its release first. A chain's step waited for
+-- two flushes (its parent's outcome, then the release); now for one.
  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+
+-- name: end_edges_acked
+-- end_edges with the parent's outcome in the same statement (a worker's
+-- acknowledgement of a parent it ran alone): {outcome} is the outcome's
+-- UPDATE with its compare-and-set, returning the parent's columns end_edges
+-- reads. One round trip and one commit per step of a chain instead of two;
+-- the release commits exactly when the outcome does.
+acked AS (
+    {outcome} RETURNING {id}, {queue}, {key}, {status}
+), 
+
+-- name: end_edges_acked_rows
+-- end_edges_acked's parents, after the released children (their status is
+-- 'succeeded', which no released or cancelled child has).
+ UNION ALL SELECT {id}, NULL, NULL, {status}, false{noted} FROM acked
