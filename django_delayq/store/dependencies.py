@@ -343,9 +343,7 @@ def with_outcome(
         outcome=outcome,
     )
     try:
-        rows = direct.fetch(
-            connection, text, [*params, *_notify_tail(connection)], prepare=prepare
-        )
+        rows = direct.fetch(connection, text, [*params, *_notify_tail(connection)], prepare=prepare)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
             raise

@@ -300,9 +300,7 @@ def ack_releasing(
         skip_locked=skip_locked,
         returning=False,
     )
-    return dependencies.with_outcome(
-        connections[using], sql, params, prepare=same_as is not None
-    )
+    return dependencies.with_outcome(connections[using], sql, params, prepare=same_as is not None)
 
 
 def ack_held(
