@@ -952,50 +952,6 @@ def _claimed_parent_and_child(**child_options):
 @pytest.mark.skipif(
     "connection.vendor != 'postgresql'", reason="one statement on PostgreSQL; two elsewhere"
 )
-def test_a_parents_acknowledgement_releases_its_children_in_its_own_statement(monkeypatch):
-    # A worker that ran a parent alone writes its success and releases its
-    # children in one statement: one round trip and one commit per step.
-    from django_delayq.store import direct, settle
-    from django_delayq.worker.execute import Returned
-
-    parent, child, token = _claimed_parent_and_child()
-    sent = []
-    fetch = direct.fetch
-    monkeypatch.setattr(
-        direct, "fetch", lambda conn, sql, *a, **kw: sent.append(sql) or fetch(conn, sql, *a, **kw)
-    )
-    took, done = settle.ack_releasing(
-        parent.pk, token, using="default", skip_locked=True, result=Returned({"n": 1})
-    )
-    assert (took, done.released, done.cancelled) == (1, [child.pk], [])
-    assert len(sent) == 1
-    assert (row_of(parent).status, row_of(parent).result) == ("succeeded", {"n": 1})
-    assert row_of(child).next_attempt_time is not None
-    assert Message.objects.get(pk=child.pk).parent_results == [{"n": 1}]
-
-
-@pytest.mark.skipif(
-    "connection.vendor != 'postgresql'", reason="one statement on PostgreSQL; two elsewhere"
-)
-def test_an_acknowledgement_that_does_not_take_releases_nothing():
-    # The parent's lease was lost (another token holds it): its success is
-    # not written, and its children must stay waiting (the attempt that holds
-    # the parent now decides their fate).
-    import uuid
-
-    from django_delayq.store import settle
-
-    parent, child, _token = _claimed_parent_and_child(on_parent_failure="run")
-    took, done = settle.ack_releasing(parent.pk, uuid.uuid4(), using="default", skip_locked=True)
-    assert (took, done.released, done.cancelled) == (0, [], [])
-    assert row_of(parent).status == "running"
-    assert row_of(child).next_attempt_time is None
-    assert Dependency.objects.get(child_id=child.pk).parent_ended == ""
-
-
-@pytest.mark.skipif(
-    "connection.vendor != 'postgresql'", reason="one statement on PostgreSQL; two elsewhere"
-)
 def test_an_acknowledgement_that_would_wait_for_a_locked_child_writes_nothing():
     # A producer's transaction holds the child: the one statement gives up after
     # its bounded wait, with nothing written, and the worker writes the success

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 
 from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
-from django_delayq.models import Message
+from django_delayq.models import Dependency, Message
 from django_delayq.store import leases, settle
 from tests.conftest import FakeClock, finishes_within
 from tests.store.tables import (
@@ -305,3 +305,77 @@ def test_an_acknowledgement_compiled_once_serves_each_table() -> None:
         token = table.claim().token
         assert settle.ack([pk], token, model=table.model) == 1
         assert table.state(pk)["status"] == "succeeded"
+
+
+# -- a workflow parent's success and its children's release, in one statement -------
+
+
+def claimed_parent_and_child(**child_options: Any) -> tuple[Message, Message, uuid.UUID]:
+    """A parent claimed (its lock token) and a child waiting for it."""
+    from django_delayq import enqueue
+    from django_delayq.store import claim
+
+    parent = enqueue("steps", {}, key="parent").message
+    child = enqueue("steps", {}, key="child", after=[parent], **child_options).message
+    taken = claim.claim(["steps"], 10, worker="w", lease=timedelta(minutes=5))
+    assert [m.pk for m in taken.messages] == [parent.pk]
+    return parent, child, taken.token
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="one statement on PostgreSQL; two elsewhere"
+)
+@pytest.mark.django_db(transaction=True)  # in autocommit, as a worker writes it
+def test_a_parents_acknowledgement_releases_its_children_in_its_own_statement(monkeypatch):
+    # A worker that ran a parent alone writes its success and releases its
+    # children in one statement: one round trip and one commit per step.
+    from django_delayq.store import direct
+    from django_delayq.worker.execute import Returned
+
+    parent, child, token = claimed_parent_and_child()
+    sent = []
+    fetch = direct.fetch
+    monkeypatch.setattr(
+        direct, "fetch", lambda conn, sql, *a, **kw: sent.append(sql) or fetch(conn, sql, *a, **kw)
+    )
+    took, done = settle.ack_releasing(
+        parent.pk, token, using="default", skip_locked=True, result=Returned({"n": 1})
+    )
+    assert (took, done.released, done.cancelled) == (1, [child.pk], [])
+    assert len(sent) == 1
+    parent.refresh_from_db()
+    child.refresh_from_db()
+    assert (parent.status, parent.result) == ("succeeded", {"n": 1})
+    assert child.next_attempt_time is not None
+    assert child.parent_results == [{"n": 1}]
+
+
+@pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="one statement on PostgreSQL; two elsewhere"
+)
+@pytest.mark.django_db(transaction=True)
+def test_an_acknowledgement_that_does_not_take_releases_nothing():
+    # The parent's lease was lost (another token holds it): its success is
+    # not written, and its children must stay waiting (the attempt that holds
+    # the parent now decides their fate).
+    parent, child, _token = claimed_parent_and_child(on_parent_failure="run")
+    took, done = settle.ack_releasing(parent.pk, uuid.uuid4(), using="default", skip_locked=True)
+    assert (took, done.released, done.cancelled) == (0, [], [])
+    parent.refresh_from_db()
+    child.refresh_from_db()
+    assert parent.status == "running"
+    assert child.next_attempt_time is None
+    assert Dependency.objects.get(child_id=child.pk).parent_ended == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parents_acknowledgement_is_one_statement_only_in_postgresqls_autocommit():
+    # Elsewhere, and inside a caller's transaction, nothing is written: the
+    # caller acknowledges (settle.ack) and releases after it.
+    parent, child, token = claimed_parent_and_child()
+    with transaction.atomic():
+        assert settle.ack_releasing(parent.pk, token, using="default") is None
+    if connection.vendor != "postgresql":
+        assert settle.ack_releasing(parent.pk, token, using="default") is None
+    parent.refresh_from_db()
+    assert parent.status == "running"
