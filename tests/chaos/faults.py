@@ -234,6 +234,8 @@ WORKLOAD: list[tuple[str, dict[str, Any], str]] = [
     ("stolen", {"fail": 1}, ""),  # ...and its failure too
 ]
 QUEUES = sorted({queue for queue, _, _ in WORKLOAD})
+#: When the workflow's parent of every run is due (run_site): after the rest.
+PARENT_DELAY = 0.8
 ATOMIC = {"chaos-atomic"}
 
 
@@ -276,6 +278,10 @@ def run_site(site: Site, error: type[BaseException], *, timeout: float = 30.0) -
 
     ASYNC.clear()
     messages = [enqueue(queue, payload, group=group).message for queue, payload, group in WORKLOAD]
+    # A workflow's parent that runs once the rest is done (alone, so its success
+    # and its child's release are one statement on PostgreSQL), and its child.
+    parent = enqueue("default", {}, delay=PARENT_DELAY).message
+    messages += [parent, enqueue("default", {}, after=[parent]).message]
     outcome = Outcome(site, error.__name__, fired=False)
     with inject(site, error) as injection:
         worker = Worker(QUEUES, concurrency=2)
