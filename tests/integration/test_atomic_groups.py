@@ -207,7 +207,8 @@ def test_a_group_opens_only_when_another_atomic_message_is_queued_behind_the_fir
     assert opened == []
     first, second = (r.message for r in enqueue_many("atomic-txid", [{}] * 2))
     assert run_worker(["atomic-txid"], batch_size=2)[Result.SUCCEEDED] == 2
-    assert opened == [first.pk]
+    # One group, opened by whichever of the two the claim gave first.
+    assert len(opened) == 1 and opened[0] in (first.pk, second.pk)
     written = txids()
     assert written[first.pk] == written[second.pk] != written[alone.pk]
 
