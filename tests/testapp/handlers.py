@@ -293,8 +293,8 @@ def atomic_limited_handler(message):
         _wait_at_gate(message)
 
 
-@handler("atomic-limited-2s", atomic=True, time_limit=2)
-def atomic_limited_2s_handler(message):
+@handler("atomic-limited-5s", atomic=True, time_limit=5)
+def atomic_limited_5s_handler(message):
     """``atomic-limited`` with a time limit a slow first run stays well within (a
     database reached through a pool of two connections), for tests that need the
     limit to pass on a re-run only."""
