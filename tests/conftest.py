@@ -125,6 +125,19 @@ def _where_threads_are(describe: Callable[[], str] | None) -> str:
     return "\n".join(parts)
 
 
+def claimed_parent_and_child(**child_options: Any) -> tuple[Any, Any, Any]:
+    """A workflow parent claimed (with its lock token) and a child waiting for it, on
+    the ``steps`` queue: what a worker holds when it acknowledges a parent."""
+    from django_delayq import enqueue
+    from django_delayq.store import claim
+
+    parent = enqueue("steps", {}, key="parent").message
+    child = enqueue("steps", {}, key="child", after=[parent], **child_options).message
+    taken = claim.claim(["steps"], 10, worker="w", lease=timedelta(minutes=5))
+    assert [m.pk for m in taken.messages] == [parent.pk]
+    return parent, child, taken.token
+
+
 class FakeClock:
     def __init__(self, start: datetime) -> None:
         self.current = start

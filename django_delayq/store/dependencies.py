@@ -314,7 +314,10 @@ def _end_in_one_statement(
             if getattr(again.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                 raise
             return  # every edge of this call stays open, for the sweep
-    _read_ended(connection, done, rows)
+    before = len(done.cancelled)
+    _read_ended(done, rows, notified=bool(tail))
+    if len(done.cancelled) > before:
+        _mark_cancelled(done.cancelled[before:], connection.alias)
 
 
 def with_outcome(
@@ -328,9 +331,10 @@ def with_outcome(
     (not PostgreSQL, or inside the caller's transaction), or where a child's
     row lock held elsewhere made it give up after :data:`LOCK_WAIT`: then
     nothing was written, and the caller writes the outcome alone and
-    releases after it (:func:`settle_without_waiting`). A worker that ran a
-    parent alone acknowledges it so: a chain's step is one round trip and
-    one commit less.
+    releases after it (:func:`settle_without_waiting`). What follows the
+    release is the caller's to do once it knows the outcome written
+    (:func:`follow_up`). A worker that ran a parent alone acknowledges it so:
+    a chain's step is one round trip and one commit less.
     """
     can = features(connection)
     if not can.array_parameters or connection.in_atomic_block:
@@ -342,17 +346,28 @@ def with_outcome(
         bounded=True,
         outcome=outcome,
     )
+    tail = _notify_tail(connection)
     try:
-        rows = direct.fetch(connection, text, [*params, *_notify_tail(connection)], prepare=prepare)
+        rows = direct.fetch(connection, text, [*params, *tail], prepare=prepare)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
             raise
         return None
     done = Settled()
     ended = [row for row in rows if row[3] != Status.SUCCEEDED]
-    _read_ended(connection, done, ended)
-    _follow(connection.alias, done, skip_locked=True)
+    _read_ended(done, ended, notified=bool(tail))
     return len(rows) - len(ended), done
+
+
+def follow_up(done: Settled, *, using: str) -> None:
+    """What follows the release :func:`with_outcome` made, once the outcome is known
+    written: the children it cancelled are marked, their own children follow them
+    down the graph, and the released ones are held by their groups or their
+    queues woken. Apart from the outcome's statement, so that an error here is
+    the release's (the sweep finishes it), never the outcome's."""
+    if done.cancelled:
+        _mark_cancelled(done.cancelled, using)
+    _follow(using, done, skip_locked=True)
 
 
 def _names(connection: Any) -> dict[str, str]:
@@ -442,18 +457,14 @@ def _end_edges_text(
 _texts: dict[tuple[Any, ...], str] = {}
 
 
-def _read_ended(connection: Any, done: Settled, rows: Sequence[Sequence[Any]]) -> None:
-    """What end_edges returned: the children it released, and those it cancelled."""
-    notified = bool(_notify_tail(connection))
-    cancelled = []
+def _read_ended(done: Settled, rows: Sequence[Sequence[Any]], *, notified: bool) -> None:
+    """What end_edges returned: the children it released, and those it cancelled
+    (``notified``: the statement woke the released ones' queues)."""
     for pk, queue, group, status, released, *_ in rows:
         if released:
             _released(done, pk, queue, group, notified=notified)
         elif status == Status.CANCELLED:
-            cancelled.append(pk)
-    if cancelled:
-        done.cancelled.extend(cancelled)
-        _mark_cancelled(cancelled, connection.alias)
+            done.cancelled.append(pk)
 
 
 def _now_sql() -> str:

@@ -398,7 +398,7 @@ def execute(
             if both is not None:
                 took, released = both
                 if took:
-                    message.__dict__[RELEASED_CHILDREN] = released
+                    message.__dict__[RELEASED_WITH_OUTCOME] = released
                 return took
         return settle.ack(
             [message.pk],
@@ -555,6 +555,9 @@ def record_success(message: Message, duration: float, *, using: str, children: b
 
 #: Set on a parent's row to what the release after its outcome did (a Settled).
 RELEASED_CHILDREN = "_delayq_released_children"
+#: Set on a parent's row whose outcome's statement released its children (a
+#: Settled), until what follows the release is done (``_children_go_on``).
+RELEASED_WITH_OUTCOME = "_delayq_released_with_outcome"
 
 
 def released_children(message: Message) -> dependencies.Settled:
@@ -567,9 +570,15 @@ def _children_go_on(message: Message, using: str) -> None:
     """Release (or cancel) the messages enqueued ``after=`` ``message``, now that its
     outcome has committed: a chain's next step is due at once, not at the sweep's
     next round (which does it if this fails, or the worker dies first)."""
-    if not getattr(message, "has_children", False) or RELEASED_CHILDREN in message.__dict__:
-        return  # none, or released by the statement that wrote its outcome
+    if not getattr(message, "has_children", False):
+        return
+    with_outcome = message.__dict__.pop(RELEASED_WITH_OUTCOME, None)
     try:
+        if with_outcome is not None:
+            # Released by the statement that wrote its outcome: what follows.
+            message.__dict__[RELEASED_CHILDREN] = with_outcome
+            dependencies.follow_up(with_outcome, using=using)
+            return
         settled = dependencies.settle_without_waiting([message.pk], using=using)
     except DB_ERRORS:
         logger.warning(

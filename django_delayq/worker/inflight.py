@@ -224,10 +224,7 @@ class Book:
         would acknowledge one row twice, under two tokens).
         """
         with self.cond:
-            if self.stopping or not lane.queued or lane.running >= lane.cap:
-                return None
-            head = lane.queued[0]
-            if head.row_key in group or not atomic(head.row):
+            if lane.running >= lane.cap or self._joinable(lane, group, atomic) is None:
                 return None
             return self._start(lane.queued.popleft())
 
@@ -241,11 +238,18 @@ class Book:
         0.5 ms later for them).
         """
         with self.cond:
-            queued = item.lane.queued
-            if self.stopping or not queued:
-                return False
-            head = queued[0]
-            return head.row_key != item.row_key and atomic(head.row)
+            return self._joinable(item.lane, {item.row_key}, atomic) is not None
+
+    def _joinable(
+        self, lane: Lane, group: set[tuple[type[Model], Any]], atomic: Callable[[Any], bool]
+    ) -> InFlight | None:
+        """``lane``'s next queued attempt if it may join a group holding ``group``'s rows:
+        atomic, and not a row the group holds (it would acknowledge one row twice,
+        under two tokens). ``cond`` held."""
+        if self.stopping or not lane.queued:
+            return None
+        head = lane.queued[0]
+        return head if head.row_key not in group and atomic(head.row) else None
 
     def _start(self, item: InFlight) -> InFlight:
         item.phase = Phase.RUNNING

@@ -16,7 +16,7 @@ from django_delayq import MessageFailed, await_result, enqueue, enqueue_many, op
 from django_delayq.models import Dependency, Message
 from django_delayq.store import dependencies, groups, retention
 from django_delayq.worker.execute import Result
-from tests.conftest import finishes_within, wait_for
+from tests.conftest import claimed_parent_and_child, finishes_within, wait_for
 from tests.testapp.models import Effect, Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -938,17 +938,6 @@ def test_a_step_whose_release_woke_its_queue_leaves_the_claimers_next_due_time_a
             claimer.waker.close()
 
 
-def _claimed_parent_and_child(**child_options):
-    """A parent claimed (its lock token) and a child waiting for it."""
-    from django_delayq.store import claim
-
-    parent = enqueue("steps", {}, key="parent").message
-    child = enqueue("steps", {}, key="child", after=[parent], **child_options).message
-    taken = claim.claim(["steps"], 10, worker="w", lease=timedelta(minutes=5))
-    assert [m.pk for m in taken.messages] == [parent.pk]
-    return parent, child, taken.token
-
-
 @pytest.mark.skipif(
     "connection.vendor != 'postgresql'", reason="one statement on PostgreSQL; two elsewhere"
 )
@@ -958,7 +947,7 @@ def test_an_acknowledgement_that_would_wait_for_a_locked_child_writes_nothing():
     # alone (the release is then passed to the sweep).
     from django_delayq.store import settle
 
-    parent, child, token = _claimed_parent_and_child()
+    parent, child, token = claimed_parent_and_child()
     with _Producer(child.pk):
         assert (
             finishes_within(

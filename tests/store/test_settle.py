@@ -24,7 +24,7 @@ from django_delayq import clock
 from django_delayq.fingerprint import fingerprint
 from django_delayq.models import Dependency, Message
 from django_delayq.store import leases, settle
-from tests.conftest import FakeClock, finishes_within
+from tests.conftest import FakeClock, claimed_parent_and_child, finishes_within
 from tests.store.tables import (
     EXTENDED,
     LEASE,
@@ -308,18 +308,6 @@ def test_an_acknowledgement_compiled_once_serves_each_table() -> None:
 
 
 # -- a workflow parent's success and its children's release, in one statement -------
-
-
-def claimed_parent_and_child(**child_options: Any) -> tuple[Message, Message, uuid.UUID]:
-    """A parent claimed (its lock token) and a child waiting for it."""
-    from django_delayq import enqueue
-    from django_delayq.store import claim
-
-    parent = enqueue("steps", {}, key="parent").message
-    child = enqueue("steps", {}, key="child", after=[parent], **child_options).message
-    taken = claim.claim(["steps"], 10, worker="w", lease=timedelta(minutes=5))
-    assert [m.pk for m in taken.messages] == [parent.pk]
-    return parent, child, taken.token
 
 
 @pytest.mark.skipif(
