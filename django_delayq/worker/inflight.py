@@ -228,18 +228,6 @@ class Book:
                 return None
             return self._start(lane.queued.popleft())
 
-    def group_ahead(self, item: InFlight, atomic: Callable[[Any], bool]) -> bool:
-        """Whether an attempt that could join ``item``'s group is queued behind it now.
-
-        Only then is a group worth opening: a group of one costs its savepoint
-        and the savepoint's release more than a transaction of its own, and
-        the savepoint's round trips (with the ``BEGIN`` before it) come before
-        the handler's first line (an idle worker's atomic handler started
-        0.5 ms later for them).
-        """
-        with self.cond:
-            return self._joinable(item.lane, {item.row_key}, atomic) is not None
-
     def _joinable(
         self, lane: Lane, group: set[tuple[type[Model], Any]], atomic: Callable[[Any], bool]
     ) -> InFlight | None:

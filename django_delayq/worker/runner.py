@@ -4,9 +4,7 @@ Each executor takes the next attempt a free slot may run (``Book.take``) and
 runs it through :func:`~django_delayq.worker.execute.execute`, which calls
 the handler and records the outcome. Atomic handlers on PostgreSQL run in
 groups (``ACK_DELAY``): one transaction, one write-ahead-log flush, for up
-to a few milliseconds' worth of messages (see :meth:`Runner._run_group`),
-when another is queued behind the first; a message alone runs in a
-transaction of its own, without the group's savepoint.
+to a few milliseconds' worth of messages (see :meth:`Runner._run_group`).
 
 Whatever a handler or a receiver raises, an executor survives it: every call
 into the project's code is guarded (``guard.py``), and an attempt whose
@@ -154,11 +152,7 @@ class Runner:
         item: InFlight | None = None
         try:
             while (item := self.book.take()) is not None:
-                grouped = (
-                    self.group_window is not None
-                    and is_atomic(item.row)
-                    and self.book.group_ahead(item, is_atomic)
-                )
+                grouped = self.group_window is not None and is_atomic(item.row)
                 with aio.running_on(self.loop, item):
                     done = self._run_group(item) if grouped else self._run_single(item)
                 item = None

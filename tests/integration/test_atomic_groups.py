@@ -188,31 +188,6 @@ def test_a_single_atomic_message_still_commits_alone(run_worker, settings):
     assert list(txids()) == [message.pk]
 
 
-def test_a_group_opens_only_when_another_atomic_message_is_queued_behind_the_first(
-    run_worker, settings, monkeypatch
-):
-    # A group of one costs a savepoint and its release, and the savepoint's
-    # round trips (with BEGIN) came before the handler's first line: an idle
-    # worker's atomic handler started 0.5 ms later for them.
-    from django_delayq.worker.runner import Runner
-
-    settings.DELAYQ = {**settings.DELAYQ, "ACK_DELAY": 1.0}
-    opened = []
-    run_group = Runner._run_group
-    monkeypatch.setattr(
-        Runner, "_run_group", lambda self, item: opened.append(item.row.pk) or run_group(self, item)
-    )
-    alone = enqueue("atomic-txid", {}).message
-    assert run_worker(["atomic-txid"])[Result.SUCCEEDED] == 1
-    assert opened == []
-    first, second = (r.message for r in enqueue_many("atomic-txid", [{}] * 2))
-    assert run_worker(["atomic-txid"], batch_size=2)[Result.SUCCEEDED] == 2
-    # One group, opened by whichever of the two the claim gave first.
-    assert len(opened) == 1 and opened[0] in (first.pk, second.pk)
-    written = txids()
-    assert written[first.pk] == written[second.pk] != written[alone.pk]
-
-
 def _db_now():
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
