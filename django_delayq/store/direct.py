@@ -35,6 +35,7 @@ these few are prepared all the same, and no other statement. A
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import UTC
 from typing import Any, TypeVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -67,20 +68,54 @@ def sessions_proven(alias: str) -> None:
 def _driver_cursor(connection: BaseDatabaseWrapper, prepare: bool = False) -> Any | None:
     """A cursor of the driver's connection for a statement, or None: the wrapper's way;
     ``prepare``: one that can prepare it (the caller checked that sessions are proven
-    the client's)."""
+    the client's).
+
+    Kept on the connection and used again (a new one cost about 0.05 ms of
+    CPU, a tenth of a one-row claim's): one per driver connection, way and
+    time zone, each thread holding its own connection.
+    """
     watched = connection.queries_logged or connection.execute_wrappers
     if connection.vendor != "postgresql" or watched:
         return None
     connection.ensure_connection()
-    if not hasattr(connection.connection, "adapters"):  # psycopg 2
+    driver = connection.connection
+    if not hasattr(driver, "adapters"):  # psycopg 2
         return None
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
-    if prepare:
-        return _binding_cursor(connection)
-    # The cursor Django's wrapper would hold: its time zone loader set where the
-    # connection's time zone differs from the driver's.
-    return connection.create_cursor()
+    key = (prepare, connection.timezone)
+    kept = connection.__dict__.get(_KEPT)
+    if kept is None or kept[0] is not driver:
+        kept = connection.__dict__[_KEPT] = (driver, {})
+    cursors: dict[tuple[bool, Any], Any] = kept[1]
+    cursor = cursors.get(key)
+    if cursor is None or cursor.closed:
+        cursor = cursors[key] = _new_cursor(connection, prepare)
+    return cursor
+
+
+# Where a connection keeps its cursors (_driver_cursor): (the driver's connection,
+# the cursors by way and time zone).
+_KEPT = "_delayq_cursors"
+
+
+def _new_cursor(connection: BaseDatabaseWrapper, prepare: bool) -> Any:
+    """The cursor ``_driver_cursor`` keeps: reading datetimes as Django's cursors do, by
+    the driver's own loader where that reads the same values."""
+    import psycopg
+    from psycopg.pq import Format
+
+    cursor = _binding_cursor(connection) if prepare else connection.create_cursor()
+    # Django reads every timestamptz through a loader of its own that puts the
+    # connection's zone on what psycopg's Python loader parsed: 5 us a value
+    # against 0.3 for psycopg's compiled one, and a claimed row has seven. In
+    # a session kept in UTC for a project with USE_TZ (the usual case) both
+    # read the same values, in datetime.timezone.utc.
+    driver = connection.connection
+    if connection.timezone is UTC and driver.pgconn.parameter_status(b"TimeZone") == b"UTC":
+        oid = driver.adapters.types["timestamptz"].oid
+        cursor.adapters.register_loader(oid, psycopg.adapters.get_loader(oid, Format.TEXT))
+    return cursor
 
 
 def _binding_cursor(connection: BaseDatabaseWrapper) -> Any:
@@ -141,7 +176,7 @@ def _run(
         with connection.cursor() as wrapped:
             wrapped.execute(sql, params)
             return result(wrapped)
-    with connection.wrap_database_errors, cursor:
+    with connection.wrap_database_errors:
         if prepare:
             cursor.execute(sql, params, prepare=True)
         else:

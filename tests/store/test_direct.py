@@ -56,6 +56,21 @@ def test_the_short_way_is_taken_only_when_nothing_watches_the_wrapper() -> None:
     assert seen == ["SELECT 1"]
 
 
+def test_a_connection_keeps_its_cursor_until_it_is_closed_or_reconnects() -> None:
+    connection.ensure_connection()
+    first = direct._driver_cursor(connection)
+    assert direct._driver_cursor(connection) is first
+    assert direct.fetch(connection, "SELECT %s::int", [3]) == [(3,)]
+    assert direct._driver_cursor(connection) is first  # a statement leaves it open
+    first.close()  # closed by someone: replaced
+    second = direct._driver_cursor(connection)
+    assert second is not first and not second.closed
+    connection.close()  # a new server session: a cursor of its own
+    third = direct._driver_cursor(connection)
+    assert third is not second and third.connection is connection.connection
+    assert direct.fetch(connection, "SELECT now()", [])[0][0].tzinfo is UTC
+
+
 @pytest.fixture(params=["client-side binding", "prepared"])
 def way(request: pytest.FixtureRequest) -> str:
     """Whether the alias's sessions are proven its own (its statements prepared)."""
