@@ -45,6 +45,7 @@ CALLEES = {
     "retention",
     "install",
     "signals",
+    "dependencies",
 }
 #: Functions called by name that reach the database or the project's code.
 NAMED = {
@@ -277,7 +278,11 @@ def run_site(site: Site, error: type[BaseException], *, timeout: float = 30.0) -
     from tests.testapp.handlers import ASYNC
 
     ASYNC.clear()
-    messages = [enqueue(queue, payload, group=group).message for queue, payload, group in WORKLOAD]
+    # A workflow's parent claimed with the rest (where successes are batched, its
+    # success is, and the batch releases its child), and its child.
+    early = enqueue("default", {}).message
+    messages = [early, enqueue("default", {}, after=[early]).message]
+    messages += [enqueue(queue, payload, group=group).message for queue, payload, group in WORKLOAD]
     # A workflow's parent that runs once the rest is done (alone, so its success
     # and its child's release are one statement on PostgreSQL), and its child.
     parent = enqueue("default", {}, delay=PARENT_DELAY).message

@@ -71,8 +71,23 @@ def not_here() -> dict[Site, str]:
         for text in single:
             found[_site(text)] = "acknowledged in batches and atomic groups here"
     else:
-        for text in [*batching, *groups, "worker/acks.py Settler._states -> leases.states"]:
+        for text in [
+            *batching,
+            *groups,
+            "worker/acks.py Settler._states -> leases.states",
+            "worker/acks.py Settler._children_go_on -> dependencies.settle_without_waiting",
+        ]:
             found[_site(text)] = "no batched acknowledgements or atomic groups here"
+    # A parent's success and its children's release: one statement on PostgreSQL
+    # (settle.ack_releasing), two elsewhere.
+    one, two = (
+        "worker/execute.py _children_go_on -> dependencies.follow_up",
+        "worker/execute.py _children_go_on -> dependencies.settle_without_waiting",
+    )
+    if connection.vendor == "postgresql":
+        found[_site(two)] = "a parent's outcome releases its children in one statement here"
+    else:
+        found[_site(one)] = "a parent's children are released after its outcome here"
     return found
 
 
