@@ -403,7 +403,7 @@ def _recover(messages: list[Any], timeout: float = 60.0) -> None:
 
 
 def _violations(messages: list[Any]) -> list[str]:
-    from django_delayq.models import Message
+    from django_delayq.models import Dependency, Message
     from tests.testapp.models import Effect
 
     found = []
@@ -422,4 +422,13 @@ def _violations(messages: list[Any]) -> list[str]:
     running = Message.objects.filter(status="running").count()
     if running:
         found.append(f"{running} message(s) left running")
+    # Each workflow's child ran after its parent's success had committed, and the
+    # parent's edge to it was ended once, as a success.
+    for edge in Dependency.objects.filter(child_id__in=rows).select_related("parent", "child"):
+        parent, child = edge.parent, edge.child
+        if edge.parent_ended != "succeeded":
+            found.append(f"the edge {parent.pk} -> {child.pk} ended {edge.parent_ended!r}")
+        started = child.last_attempt_time
+        if started is None or started < parent.updated_at:
+            found.append(f"child {child.pk} started {started} before its parent's success")
     return found
