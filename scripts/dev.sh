@@ -139,7 +139,7 @@ run_docs() {
 run_checks() {
   log "lint and Django checks"
   "$VENV/bin/ruff" check django_delayq tests example_project benchmarks scripts docs
-  "$VENV/bin/mypy" django_delayq
+  "$VENV/bin/mypy" django_delayq tests/chaos
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django check
   DJANGO_SETTINGS_MODULE=tests.settings "$PY" -m django makemigrations --check --dry-run
 }

@@ -887,8 +887,8 @@ class Table:
         lines.append("")
         for name, value in self.general.items():
             lines.append(f"{name.ljust(width + 20)}  {value:>8}  (must be 0)")
-        for name, value in self.figures:
-            lines.append(f"{name.ljust(width + 20)}  {value!s:>8}")
+        for name, figure in self.figures:
+            lines.append(f"{name.ljust(width + 20)}  {figure!s:>8}")
         lines.append("")
         failures = self.failures
         lines.append("PASS" if not failures else "FAIL: " + "; ".join(failures))

@@ -205,7 +205,7 @@ def empty(models: Iterable[type[Model]], using: str = "default") -> None:
             cursor.execute(f"TRUNCATE {names} CASCADE")
         return
     for model in models:
-        model.objects.using(using).all().delete()
+        model._base_manager.using(using).all().delete()
 
 
 def setup_django(env: dict[str, str]) -> None:

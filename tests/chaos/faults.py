@@ -203,6 +203,7 @@ def inject(site: Site, error: type[BaseException]) -> Iterator[Injection]:
 
         return faulty
 
+    replaced: Any
     if attr == "_OUTCOMES":
         replaced = {k: (wrap(v[0]), *v[1:]) for k, v in original.items()}
     else:

@@ -133,7 +133,7 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
                 rest = [i for i in items if i not in plain]
             else:
                 rest = items
-            written = {}  # by id: a shared key written twice is one parent
+            written: dict[Any, Any] = {}  # by id: a shared key written twice is one parent
             for item in rest:
                 if item.get("fan_in"):
                     # A workflow's child: after every message written before it
@@ -166,7 +166,8 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
         items = []
         for _ in range(min(rng.randint(1, 12), count - sent if not rollback else 12)):
             n += 1
-            queue, payload, delay = "chaos", {"n": n}, 0.0
+            payload: dict[str, Any] = {"n": n}
+            queue, delay = "chaos", 0.0
             if rollback:
                 key = f"p{index}-rb-{n}"
             elif pending_slow:
@@ -183,7 +184,9 @@ def produce(index: int, count: int, slow: int, seed: int) -> None:
                 delay = round(rng.uniform(0.5, 3.0), 3)
             items.append({"queue": queue, "key": key, "payload": payload, "delay": delay})
         last = items[-1] if items else {}
-        plain = last.get("queue") != "chaos-slow" and not last.get("key", "").startswith("dup-")
+        plain = last.get("queue") != "chaos-slow" and not str(last.get("key", "")).startswith(
+            "dup-"
+        )
         if len(items) >= 2 and plain and rng.random() < 0.15:
             # A fan-in: the batch's last message waits for all the others.
             child = items[-1]
@@ -407,7 +410,7 @@ def check(run: Run, elapsed: float) -> Figures:
     )
     runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in executions:
-        runs[e["message_id"]].append(e)
+        runs[e["message_id"]].append(dict(e))
 
     kills = {e.pid: e.at for e in run.events if e.kind == "kill"}
     terms = {e.pid: e.at for e in run.events if e.kind == "term"}
