@@ -410,8 +410,12 @@ class Worker:
                     errors = refused = 0
                     if claimed:
                         last_look = False
-                        continue
-                    if self.burst and self.book.idle() and not self.claimer.held_back():
+                        if not self.claimer.exhausted:
+                            continue
+                        # Every lane's claim came back short: the next round
+                        # would claim nothing, so wait now (a poke or a
+                        # notification ends the wait at once).
+                    elif self.burst and self.book.idle() and not self.claimer.held_back():
                         # (Messages a limit holds back are due: --burst runs them too.)
                         if last_look:
                             break

@@ -139,6 +139,9 @@ class Claimer:
         self._own_due = False
         # Set from other threads: claim from every lane at the next round.
         self._due_now = False
+        # The last round left every lane drained (or paused): another round
+        # before a wake-up would claim nothing.
+        self.exhausted = False
         # When a claim last found work (monotonic).
         self._worked_at = float("-inf")
         # When the last notification was heard (monotonic), and the time
@@ -195,6 +198,9 @@ class Claimer:
                 continue
             self._worked_at = time.monotonic()
             total += len(result.messages)
+        self.exhausted = all(
+            id(lane) in self._drained or set(lane.queues) <= paused for lane in self.book.lanes
+        )
         if total:
             # Let a handler thread that was waiting for this work start it now,
             # rather than when this thread next waits for the database (the
