@@ -87,8 +87,9 @@ def rows(results: dict[str, dict[str, dict[str, Any]]]) -> list[list[str]]:
     out = []
     for scenario, by_system in results.items():
         for key, result in by_system.items():
-            if "error" in result:
-                out.append([scenario, SYSTEMS[key][0], "error", result["error"], "", "", "", ""])
+            if "error" in result or "phases" not in result:
+                error = result.get("error") or f"no phases: {json.dumps(result)[:200]}"
+                out.append([scenario, SYSTEMS[key][0], "error", error, "", "", "", ""])
                 continue
             for phase in result["phases"]:
                 out.append(
@@ -132,7 +133,7 @@ def chart(scenario: str, by_system: dict[str, dict[str, Any]], path: Path) -> No
         ("bytes", "tables + indexes (MB)"),
     ]
     for key, result in by_system.items():
-        if "error" in result:
+        if "error" in result or "phases" not in result:
             continue
         t = [s["t"] for s in result["series"]]
         for ax, (field, label) in zip(axes, panels, strict=True):
@@ -171,6 +172,9 @@ def main() -> None:
         for key in args.systems:
             print(f"{scenario}: {SYSTEMS[key][0]} ...", flush=True)
             results[scenario][key] = run(key, scenario, args, server)
+            # Each system's figures as soon as they are in: a run is long, and
+            # one system's failure must not lose the others'.
+            print(json.dumps({"scenario": scenario, "system": key, **results[scenario][key]}))
     table = rows(results)
     print(plain(HEADER, table))
     RESULTS.mkdir(parents=True, exist_ok=True)
