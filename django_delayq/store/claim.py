@@ -47,16 +47,6 @@ class Claim:
     token: uuid.UUID
     # Messages, or rows of the ``QueueFields`` model that was claimed.
     messages: list[Any]
-    #: The acknowledgements the claim carried that took: (id, token) pairs.
-    acked: frozenset[tuple[Any, uuid.UUID]] = frozenset()
-
-
-def carries_acks(using: str) -> bool:
-    """Whether a claim on ``using`` can carry acknowledgements (``claim``'s ``acks``):
-    PostgreSQL, one statement in autocommit."""
-    connection = connections[using]
-    can = features(connection)
-    return can.limit_in_subquery and can.array_parameters and not connection.in_atomic_block
 
 
 def claim_order(model: type[Model]) -> tuple[str, ...]:
@@ -108,7 +98,6 @@ def claim(
     using: str | None = None,
     model: type[Model] = Message,
     kinds: tuple[Collection[str], bool] | None = None,
-    acks: Mapping[uuid.UUID, Collection[Any]] | None = None,
 ) -> Claim:
     """Claim up to ``limit`` due rows of ``queues``, highest priority first.
 
@@ -119,16 +108,8 @@ def claim(
     ``leases`` are ignored (the model is the queue) and every row gets ``lease``.
     ``kinds``: ``(kinds, True)`` claims only messages of those kinds,
     ``(kinds, False)`` all but those (a limited kind's claims are separate).
-
-    ``acks``: message ids by lock token, acknowledged by the claim's own
-    statement where :func:`carries_acks` (``settle.ack_held``'s compare-and-set,
-    leaving out rows another transaction has locked); ``Claim.acked`` says which
-    took. The claim is then committed as an acknowledgement is, waiting for
-    the write-ahead log.
     """
     alias = db_alias(using, model)
-    if acks and (model is not Message or not carries_acks(alias)):
-        raise ValueError("only a claim of messages in one PostgreSQL statement carries acks")
     token = uuid.uuid4()
     lanes: tuple[str, ...] | None = tuple(queues)
     if not has_column(model, "queue"):
@@ -147,8 +128,7 @@ def claim(
         to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
     )
     if features(connections[alias]).limit_in_subquery:
-        claimed, acked = _claim_in_one_statement(key, token, acks or None)
-        return Claim(token, _in_running_order(model, claimed), acked)
+        return Claim(token, _in_running_order(model, _claim_in_one_statement(key, token)))
     # MariaDB/MySQL: no UPDATE ... RETURNING, and no LIMIT in an IN
     # subquery: lock the rows we pick (skipping those other workers are
     # picking, so claimers never wait on each other), mark them, read them.
@@ -294,12 +274,7 @@ def _claim_changes(key: _ClaimKey) -> dict[str, Any]:
     return fit(key.model, changes)
 
 
-# The compiled claims by key, and whether they carry acknowledgements: the text,
-# and the parameters before the arrays of acknowledged pairs, before the lock
-# token, and after it.
-_claim_statements: dict[
-    tuple[_ClaimKey, bool], tuple[str, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]
-] = {}
+_claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
 
 
 #: How many rows the last claim of each statement took.
@@ -312,9 +287,7 @@ def forget_compiled_claims() -> None:
     _last_taken.clear()
 
 
-def _claim_in_one_statement(
-    key: _ClaimKey, token: uuid.UUID, acks: Mapping[uuid.UUID, Collection[Any]] | None = None
-) -> tuple[list[Any], frozenset[tuple[Any, uuid.UUID]]]:
+def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
     """Pick, mark and read the claimed rows in one statement (PostgreSQL, SQLite).
 
     ``UPDATE ... WHERE pk IN (<the first due rows> FOR UPDATE SKIP LOCKED)
@@ -330,8 +303,7 @@ def _claim_in_one_statement(
     """
     model, alias = key.model, key.alias
     connection = connections[alias]
-    riding = acks is not None
-    compiled = None if clock.is_overridden() else _claim_statements.get((key, riding))
+    compiled = None if clock.is_overridden() else _claim_statements.get(key)
     if compiled is None:
         # Django writes FOR UPDATE only inside a transaction; the claim runs
         # as one statement, which is a transaction of its own.
@@ -346,45 +318,21 @@ def _claim_in_one_statement(
             set_sql, set_params = inlined(connection, set_sql, set_params)
             picked_sql, picked_params = inlined(connection, picked_sql, picked_params)
             picked_sql = _in_claim_order(picked_sql, model, connection)
-        head: tuple[Any, ...] = ()
-        acked_sql = ""
-        if riding:
-            from django_delayq.store.settle import riding_ack
-
-            acked_sql, head = riding_ack(model, alias)
-        sql = statement("claim_with_acks" if riding else "claim", features(connection)).format(
-            acked=acked_sql,
+        sql = statement("claim", features(connection)).format(
             set=set_sql,
             picked=picked_sql,
             columns=returned_columns(model, connection.ops.quote_name),
             **quote_names(model, connection, "pk", "lock_token"),
         )
-        compiled = (sql, head, tuple(set_params), tuple(picked_params))
+        compiled = (sql, tuple(set_params), tuple(picked_params))
         if cache:
-            _claim_statements[(key, riding)] = compiled
-    sql, head, set_params, picked_params = compiled
-    field = model_field(model, "lock_token")
-    token_param = field.get_db_prep_value(token, connection)
-    pairs: list[Any] = []
-    prepared: dict[Any, uuid.UUID] = {}
-    if acks is not None:
-        prepared = {field.get_db_prep_value(t, connection): t for t in acks}
-        by_value = {t: v for v, t in prepared.items()}
-        ids = [pk for pks in acks.values() for pk in pks]
-        tokens = [by_value[t] for t, pks in acks.items() for _ in pks]
-        pairs = [ids, tokens]
+            _claim_statements[key] = compiled
+    sql, set_params, picked_params = compiled
+    token_param = model_field(model, "lock_token").get_db_prep_value(token, connection)
     # Prepared while it takes few rows (an idle worker's pickup, a chain's next
     # step), where planning is most of its cost; planned at each call while it
     # drains a backlog (direct.PREPARED_ROWS).
     few = _last_taken.get(key, 0) <= direct.PREPARED_ROWS
-    rows = direct.fetch(
-        connection, sql, [*head, *pairs, *set_params, token_param, *picked_params], prepare=few
-    )
-    acked: frozenset[tuple[Any, uuid.UUID]] = frozenset()
-    if acks is not None and rows:
-        pks, values = rows[0][-2] or [], rows[0][-1] or []
-        acked = frozenset((pk, prepared.get(v, v)) for pk, v in zip(pks, values, strict=True))
-        at = [f.attname for f in model._meta.concrete_fields].index(model._meta.pk.attname)
-        rows = [row for row in rows if row[at] is not None]
+    rows = direct.fetch(connection, sql, [*set_params, token_param, *picked_params], prepare=few)
     _last_taken[key] = len(rows)
-    return rows_from(model, connection, rows), acked
+    return rows_from(model, connection, rows)

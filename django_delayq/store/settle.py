@@ -373,19 +373,6 @@ def _ack_pairs(
     return {(pk, token_of.get(value, value)) for pk, value in rows}
 
 
-def riding_ack(model: type[Model], alias: str) -> tuple[str, tuple[Any, ...]]:
-    """The acknowledgement a claim carries (``claim.claim``'s ``acks``): :func:`ack_held`'s
-    statement for ``(id, token)`` pairs as two arrays, less the rows another
-    transaction has locked, ``RETURNING`` the pairs that matched. Its
-    parameters, then the two arrays."""
-    connection = connections[alias]
-    sql, set_params = _set_clause(model, alias, _succeeded(), "succeeded")
-    where = statement("held_pairs_unlocked", features(connection)).format(
-        **quote_names(model, connection, "pk", "lock_token", "status")
-    )
-    return f"{sql} {where}", set_params
-
-
 def fail(
     message_id: Any,
     token: uuid.UUID,

@@ -336,7 +336,6 @@ class Worker:
             max_delay=batching,
             on_committed=self._acks_committed,
         )
-        self.claimer.settler = acks
         # Its thread starts with the first coroutine (an async def handler's,
         # or an async task's through the Tasks backend).
         self.loop = EventLoop(self.supervisor)

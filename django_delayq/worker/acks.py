@@ -114,10 +114,6 @@ class Settler:
         self.max_size = max_size
         self._successes: list[_Success] = []
         self._retries: list[_Success | Unwritten] = []
-        # Successes a claim took to carry (take_riding): how many are on their
-        # way, and those whose claim returned, with the pairs that took.
-        self._riding = 0
-        self._rode: list[tuple[list[_Success], frozenset[tuple[Any, uuid.UUID]]]] = []
         self._first_at = 0.0
         self._cond = threading.Condition()
         self._closing = False
@@ -149,8 +145,7 @@ class Settler:
 
     def pending(self) -> int:
         with self._cond:
-            rode = sum(len(acks) for acks, _ in self._rode)
-            return len(self._successes) + len(self._retries) + self._riding + rode
+            return len(self._successes) + len(self._retries)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until every success handed over is committed and announced (``--burst``:
@@ -158,53 +153,7 @@ class Settler:
         must see). Outcomes waiting for a locked row are not waited for."""
         with self._cond:
             self._cond.notify_all()
-            return self._cond.wait_for(
-                lambda: not (self._successes or self._flushing or self._riding or self._rode),
-                timeout,
-            )
-
-    # -- the claim's side ---------------------------------------------------------------
-
-    def take_riding(self) -> tuple[list[_Success], dict[uuid.UUID, list[Any]]]:
-        """Successes for the claim about to go to carry (``claim.claim``'s ``acks``),
-        by lock token: in a sparse stream a claim follows each message, and its
-        statement commits the previous ones' acknowledgements as well.
-
-        Only those nothing waits for once they are committed: not a grouped
-        message (its group's next), not a workflow's parent (its children).
-        The claim hands them back with :meth:`rode` or :meth:`give_back`;
-        until then they count as pending.
-        """
-        with self._cond:
-            if self._closing or not self._successes:
-                return [], {}
-            riding = [a for a in self._successes if _may_ride(a.item.row)]
-            if not riding:
-                return [], {}
-            self._successes = [a for a in self._successes if not _may_ride(a.item.row)]
-            self._riding += len(riding)
-        return riding, by_token((a.item.row, a.item.token) for a in riding)
-
-    def rode(self, riding: list[_Success], acked: frozenset[tuple[Any, uuid.UUID]]) -> None:
-        """The claim that carried ``riding`` committed; ``acked`` took. This thread
-        announces them (and finds out what became of the others), as after a batch
-        of its own: the claim loop runs no receiver."""
-        with self._cond:
-            self._riding -= len(riding)
-            self._rode.append((riding, acked))
-            self._cond.notify_all()
-
-    def give_back(self, riding: list[_Success]) -> None:
-        """The claim that was to carry ``riding`` failed: they are tried again here, as
-        possibly written (a connection lost with the commit's reply)."""
-        with self._cond:
-            self._riding -= len(riding)
-            now = time.monotonic()
-            for ack in riding:
-                ack.maybe_written = True
-                ack.due = now
-            self._retries.extend(riding)
-            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not self._successes and not self._flushing, timeout)
 
     # -- the thread ------------------------------------------------------------------
 
@@ -252,8 +201,7 @@ class Settler:
                     # its message would stay held, its lease extended for
                     # ever. Everything of the batch is tried again.
                     with self._cond:
-                        rode = [ack for acks, _ in taken[2] for ack in acks]
-                        for outcome in [*taken[0], *taken[1], *rode]:
+                        for outcome in [*taken[0], *taken[1]]:
                             outcome.maybe_written = True
                             outcome.due = time.monotonic() + RETRY_MAX
                             self._retries.append(outcome)
@@ -265,22 +213,12 @@ class Settler:
         finally:
             connections.close_all()
 
-    def _take(
-        self,
-    ) -> (
-        tuple[
-            list[_Success],
-            list[_Success | Unwritten],
-            list[tuple[list[_Success], frozenset[tuple[Any, uuid.UUID]]]],
-        ]
-        | None
-    ):
+    def _take(self) -> tuple[list[_Success], list[_Success | Unwritten]] | None:
         with self._cond:
             while True:
                 now = time.monotonic()
                 if self._closing and (
-                    (not self._successes and not self._retries and not self._rode)
-                    or now >= self._deadline
+                    (not self._successes and not self._retries) or now >= self._deadline
                 ):
                     return None
                 due = [r for r in self._retries if r.due <= now]
@@ -289,14 +227,13 @@ class Settler:
                     or len(self._successes) >= self.max_size
                     or now >= self._first_at + (self.max_delay or 0.0)
                 )
-                rode, self._rode = self._rode, []
-                if batch_ready or due or rode:
+                if batch_ready or due:
                     batch = self._successes if batch_ready else []
                     if batch_ready:
                         self._successes = []
                     self._retries = [r for r in self._retries if r.due > now]
                     self._flushing = True
-                    return batch, due, rode
+                    return batch, due
                 waits = [r.due - now for r in self._retries]
                 if self._successes:
                     waits.append(self._first_at + (self.max_delay or 0.0) - now)
@@ -304,12 +241,7 @@ class Settler:
                     waits.append(self._deadline - now)
                 self._cond.wait(max(0.0, min(waits)) if waits else None)
 
-    def _flush(
-        self,
-        successes: list[_Success],
-        retries: list[_Success | Unwritten],
-        rode: list[tuple[list[_Success], frozenset[tuple[Any, uuid.UUID]]]],
-    ) -> None:
+    def _flush(self, successes: list[_Success], retries: list[_Success | Unwritten]) -> None:
         if settings.DEBUG:
             reset_queries()  # DEBUG's query log of this thread's connection
         done: Done = []
@@ -318,10 +250,6 @@ class Settler:
         acks = successes + [r for r in retries if isinstance(r, _Success)]
         if acks:
             grouped = self._acknowledge(acks, done, again)
-        for riding, acked in rode:
-            # Committed by a claim's statement: what follows, as for a batch.
-            grouped = self._acknowledged(riding, acked, done, again) or grouped
-            acks = acks + riding
         for outcome in retries:
             if isinstance(outcome, Unwritten):
                 self._write(outcome, done, again)
@@ -356,18 +284,6 @@ class Settler:
                 ack.maybe_written = True
             again.extend(acks)
             return False
-        return self._acknowledged(acks, mine, done, again)
-
-    def _acknowledged(
-        self,
-        acks: list[_Success],
-        mine: set[tuple[Any, uuid.UUID]] | frozenset[tuple[Any, uuid.UUID]],
-        done: Done,
-        again: list[_Success | Unwritten],
-    ) -> bool:
-        """What follows the commit of ``acks``' statement, of which ``mine`` took: the
-        others are found out (locked elsewhere: later; gone: lost), the successes
-        announced. True if one of them let its ordered group go on."""
         missing = [a for a in acks if (a.item.row.pk, a.item.token) not in mine]
         found = self._states([a.item for a in missing]) if missing else {}
         # A workflow's parents acknowledged together end their edges together:
@@ -452,12 +368,6 @@ class Settler:
         for model, ids in by_model.items():
             found.update(leases.states(ids, using=self.using, model=model))
         return found
-
-
-def _may_ride(row: Any) -> bool:
-    """Whether a success may ride on a claim (``Settler.take_riding``): one nothing
-    waits for once committed, so its announcement is all that follows."""
-    return not getattr(row, "group", "") and not getattr(row, "has_children", False)
 
 
 def _ended(state: leases.RowState | None, item: InFlight) -> bool:

@@ -37,7 +37,6 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from django_delayq import clock
 from django_delayq.models import Message
@@ -45,9 +44,6 @@ from django_delayq.queues import paused_queues
 from django_delayq.store import claim, limits, queries
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.wakeup import Waker
-
-if TYPE_CHECKING:
-    from django_delayq.worker.acks import Settler
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -130,9 +126,6 @@ class Claimer:
         self.leases = dict(leases)
         self.time_limits = dict(time_limits)
         self.waker: Waker | None = None
-        # The worker's acknowledgement thread (set by the worker): a claim
-        # carries the successes waiting there (take_riding).
-        self.settler: Settler | None = None
         self._paused: frozenset[str] = frozenset()
         self._paused_read: float | None = None
         # Lanes whose last claim came back short (by identity).
@@ -223,32 +216,18 @@ class Claimer:
             return self._claim_limited(lane, queues, limit), limit
         limit = claim_size(limit, batch)
         entity = lane.model is not Message
-        settler = self.settler
-        riding, acks = (
-            settler.take_riding()
-            if settler is not None and not entity and claim.carries_acks(self.using)
-            else ([], {})
+        result = claim.claim(
+            queues,
+            limit,
+            worker=self.name,
+            lease=self.leases.get((queues[0], None), self.default_lease)
+            if entity
+            else self.default_lease,
+            leases=self.leases,
+            using=self.using,
+            model=lane.model,
+            kinds=lane.kinds,
         )
-        try:
-            result = claim.claim(
-                queues,
-                limit,
-                worker=self.name,
-                lease=self.leases.get((queues[0], None), self.default_lease)
-                if entity
-                else self.default_lease,
-                leases=self.leases,
-                using=self.using,
-                model=lane.model,
-                kinds=lane.kinds,
-                acks=acks or None,
-            )
-        except BaseException:
-            if riding:
-                settler.give_back(riding)  # type: ignore[union-attr]
-            raise
-        if riding:
-            settler.rode(riding, result.acked)  # type: ignore[union-attr]
         return result, limit
 
     def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> claim.Claim:

@@ -9,22 +9,20 @@ checks the database's own clock.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import hypothesis
-import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from hypothesis import strategies as st
 
 from django_delayq import clock, enqueue, enqueue_many
 from django_delayq.models import Message
-from django_delayq.store import claim, direct, queries, settle
+from django_delayq.store import claim, queries, settle
 from tests.conftest import FakeClock, finishes_within
 from tests.store.tables import (
     FINISHED,
@@ -516,134 +514,3 @@ def test_forget_compiled_claims_compiles_the_next_claim_again(settings: Any) -> 
     claim._claim_statements[None] = ("stale", (), ())  # type: ignore[index]
     settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 1}  # any change of DELAYQ
     assert not claim._claim_statements
-
-
-# -- a claim that carries acknowledgements (PostgreSQL) ----------------------------------
-#
-# In a sparse stream a worker claims once per message; its statement then also
-# commits the successes waiting in the acknowledgement thread (``acks``), with the
-# compare-and-set of ``settle.ack_held``: only rows still held under their token,
-# and never a row another transaction has locked. What it took comes back with the
-# claim (``Claim.acked``).
-
-ON_POSTGRESQL = pytest.mark.skipif(
-    "connection.vendor != 'postgresql'", reason="PostgreSQL's one statement"
-)
-
-
-def claim_carrying(queue: str, acks: dict[uuid.UUID, list[int]] | None = None) -> claim.Claim:
-    return claim.claim([queue], 10, worker="w", lease=timedelta(minutes=5), acks=acks)
-
-
-def running(queue: str) -> Message:
-    enqueue(queue, {}, key=f"{queue}-first")
-    (message,) = claim_carrying(queue).messages
-    return message
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_a_claim_commits_the_acknowledgements_it_carries():
-    done = running("ride")
-    enqueue("ride", {}, key="next")
-    taken = claim_carrying("ride", {done.lock_token: [done.pk]})
-    assert [m.key for m in taken.messages] == ["next"]
-    assert taken.acked == {(done.pk, done.lock_token)}
-    row = Message.objects.get(pk=done.pk)
-    assert (row.status, row.lock_token, row.next_attempt_time) == ("succeeded", None, None)
-    assert row.finished_at is not None
-    assert Message.objects.get(key="next").status == "running"
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_a_claim_that_finds_nothing_due_still_commits_them():
-    done = running("ride-idle")
-    taken = claim_carrying("ride-idle", {done.lock_token: [done.pk]})
-    assert taken.messages == []
-    assert taken.acked == {(done.pk, done.lock_token)}
-    assert Message.objects.get(pk=done.pk).status == "succeeded"
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_an_acknowledgement_of_a_row_held_under_another_token_does_not_take():
-    done = running("ride-lost")
-    stolen = uuid.uuid4()
-    Message.objects.filter(pk=done.pk).update(lock_token=stolen, locked_by="thief")
-    taken = claim_carrying("ride-lost", {done.lock_token: [done.pk]})
-    assert taken.acked == frozenset()
-    row = Message.objects.get(pk=done.pk)
-    assert (row.status, row.lock_token) == ("running", stolen)
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_a_row_another_transaction_locks_is_left_out_and_never_waited_for():
-    done = running("ride-locked")
-    enqueue("ride-locked", {}, key="next")
-    params = {
-        k: v
-        for k, v in connection.get_connection_params().items()
-        if k not in ("cursor_factory", "context", "prepare_threshold", "server_side_binding")
-    }
-    with psycopg.connect(**params) as other:
-        other.execute("SELECT 1 FROM django_delayq_message WHERE id = %s FOR UPDATE", [done.pk])
-        result: list[claim.Claim] = []
-
-        def claim_beside_the_lock() -> None:
-            try:
-                result.append(claim_carrying("ride-locked", {done.lock_token: [done.pk]}))
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=claim_beside_the_lock)
-        thread.start()
-        thread.join(30)  # a claim that waited for the lock would still be waiting
-        assert not thread.is_alive()
-        other.rollback()
-    (taken,) = result
-    assert [m.key for m in taken.messages] == ["next"]
-    assert taken.acked == frozenset()
-    assert Message.objects.get(pk=done.pk).status == "running"
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_acknowledgements_of_several_claims_are_told_apart_by_token():
-    first = running("ride-many")
-    enqueue("ride-many", {}, key="second")
-    (second,) = claim_carrying("ride-many").messages
-    other = uuid.uuid4()  # not the token second holds: that one does not take
-    taken = claim_carrying("ride-many", {first.lock_token: [first.pk], other: [second.pk]})
-    assert taken.acked == {(first.pk, first.lock_token)}
-    assert Message.objects.get(pk=second.pk).status == "running"
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_a_claim_carrying_acknowledgements_waits_for_the_write_ahead_log(monkeypatch):
-    # The plain claim commits asynchronously (a lost claim is harmless); one
-    # that commits acknowledgements must not: they are announced once it returns.
-    done = running("ride-sync")
-    sent: list[str] = []
-    fetch = direct.fetch
-    monkeypatch.setattr(
-        direct,
-        "fetch",
-        lambda conn, sql, *args, **kw: sent.append(sql) or fetch(conn, sql, *args, **kw),
-    )
-    claim_carrying("ride-sync", {done.lock_token: [done.pk]})
-    (sql,) = sent
-    assert "delayq_acked" in sql and "synchronous_commit" not in sql
-
-
-@ON_POSTGRESQL
-@pytest.mark.django_db(transaction=True)
-def test_only_a_claim_in_one_postgresql_statement_carries_acknowledgements():
-    done = running("ride-refused")
-    with transaction.atomic():
-        assert not claim.carries_acks(connection.alias)
-        with pytest.raises(ValueError):
-            claim_carrying("ride-refused", {done.lock_token: [done.pk]})
-    assert claim.carries_acks(connection.alias)

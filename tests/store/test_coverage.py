@@ -29,7 +29,7 @@ MODULES = [
 # serve rather than on their own.
 SHARED = {
     "columns": {"db_alias", "model_field", "quote_names", "inlined"},
-    "settle": {"update_held", "ending", "riding_ack"},
+    "settle": {"update_held", "ending"},
 }
 
 

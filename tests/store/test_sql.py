@@ -54,12 +54,7 @@ def always(_: Features) -> bool:
 USES: dict[str, Use] = {
     # claim.py
     "claim": use(
-        lambda f: f.limit_in_subquery,
-        *("acked", "set", "picked", "columns", "pk", "lock_token", "table"),
-    ),
-    "claim_with_acks": use(
-        lambda f: f.limit_in_subquery and f.array_parameters,
-        *("acked", "set", "picked", "columns", "pk", "lock_token", "table"),
+        lambda f: f.limit_in_subquery, "set", "picked", "columns", "pk", "lock_token", "table"
     ),
     "claim_lanes": use(always, "lanes", "pk", "order", "limit"),
     "claim_lane": use(always, "picked", "number"),

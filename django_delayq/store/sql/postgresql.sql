@@ -78,17 +78,6 @@ SELECT pg_notify(%s, %s)
 -- claim before it.
 {set}, {lock_token} = %s WHERE {pk} IN ({picked}) AND set_config('synchronous_commit', 'off', true) IS NOT NULL RETURNING {columns}
 
--- name: claim_with_acks
--- The claim carrying the acknowledgements of messages this worker ran
--- ({acked}: settle.riding_ack, which leaves out the rows another transaction
--- has locked): one statement and one commit where a sparse stream took two
--- (a claim, then an acknowledgement) for each message. Not the plain claim's
--- asynchronous commit: the acknowledgements are announced once it returns, so
--- it waits for the write-ahead log. At least one row comes back, whatever the
--- claim took: after the claimed row's columns (all NULL when it took none),
--- the pairs the acknowledgement matched, as two arrays.
-WITH delayq_acked AS ({acked}), delayq_claimed AS ({set}, {lock_token} = %s WHERE {pk} IN ({picked}) RETURNING {columns}) SELECT delayq_claimed.*, delayq_pairs.pks, delayq_pairs.tokens FROM (SELECT array_agg(held_pk) AS pks, array_agg(held_token) AS tokens FROM delayq_acked) AS delayq_pairs LEFT JOIN delayq_claimed ON true
-
 -- name: row_estimate
 -- The planner's estimate of the table's rows (kept by autovacuum and ANALYZE).
 SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)
