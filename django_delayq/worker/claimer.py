@@ -277,13 +277,21 @@ class Claimer:
         """Whether a freed slot of ``lane`` is worth a claim (the lane is not drained).
 
         A lane held back by a global cap is: the message that ended freed a
-        place under the cap.
+        place under the cap. So is every other lane a cap holds back: a cap
+        can be shared (a queue's, over the lane of its limited kind and the
+        lane of the rest), and the lane of a kind with nothing running would
+        otherwise look again only ``CAP_RECHECK`` later (``--burst`` waited
+        for it with every message done). True then too: the claimer must
+        wake for that lane.
         """
         self._freed += 1
-        if lane.capped:
-            lane.capped, lane.wake_at = False, None
-            self._drained.discard(id(lane))
-        return id(lane) not in self._drained
+        uncapped = False
+        for other in self.book.lanes:
+            if other.capped:
+                other.capped, other.wake_at = False, None
+                self._drained.discard(id(other))
+                uncapped = uncapped or other is not lane
+        return uncapped or id(lane) not in self._drained
 
     def something_due(self, *, told: bool = False) -> None:
         """Claim from every lane at the next round, which has not begun yet (safe from

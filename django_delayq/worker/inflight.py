@@ -326,7 +326,10 @@ class Book:
                 self._free_slot(item)
                 self._forget(item)
                 self.stats[result] += 1
-                wake = wake or len(item.lane.queued) < wants(item.lane)
+                # Asked for every attempt, not until one says yes: each ending
+                # is counted, and may free a place under its lane's cap.
+                wanted = len(item.lane.queued) < wants(item.lane)
+                wake = wake or wanted
             wake = wake or (when_idle and not self._held)
             # No executor is woken as a rule: forgetting a settled attempt
             # frees no slot (handler_done did, and its thread takes next).

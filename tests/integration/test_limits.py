@@ -201,6 +201,25 @@ def test_a_capped_lane_claims_again_as_soon_as_its_acknowledgements_commit(monke
     assert stats[Result.SUCCEEDED] == 20
 
 
+def test_a_message_that_ends_frees_the_place_of_every_lane_its_cap_held_back():
+    # The queue's cap of 2 covers both lanes (the webhook kind's and the rest's).
+    # The webhook lane found the cap full of the other lane's messages: held back
+    # until its recheck. When one of those ends, the place it frees is the
+    # webhook lane's too; waiting for the recheck kept `--burst` running with
+    # every message done (an hour here; CAP_RECHECK otherwise).
+    worker = Worker(["limited"], concurrency=2)
+    webhook, rest = worker.book.lanes
+    assert webhook.kinds == (frozenset({"webhook"}), True)
+    claims = worker.claimer
+    webhook.capped, webhook.wake_at = True, timezone.now() + timedelta(hours=1)
+    claims._drained.update({id(webhook), id(rest)})
+    assert claims.held_back() == [webhook]
+    assert worker._wants(rest) > 0  # the claimer wakes: a lane may claim again
+    assert (webhook.capped, webhook.wake_at) == (False, None)
+    assert id(webhook) not in claims._drained
+    assert claims.held_back() == []
+
+
 def describe_lanes(worker: Worker) -> str:
     """What the claimer knows of its lanes (a hang of this test was seen, rarely)."""
     claims = worker.claimer
