@@ -34,6 +34,7 @@ these few are prepared all the same, and no other statement. A
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any, TypeVar
@@ -71,8 +72,8 @@ def _driver_cursor(connection: BaseDatabaseWrapper, prepare: bool = False) -> An
     the client's).
 
     Kept on the connection and used again (a new one cost about 0.05 ms of
-    CPU, a tenth of a one-row claim's): one per driver connection, way and
-    time zone, each thread holding its own connection.
+    CPU, a tenth of a one-row claim's): one per driver connection, way, time
+    zone and thread.
     """
     watched = connection.queries_logged or connection.execute_wrappers
     if connection.vendor != "postgresql" or watched:
@@ -83,11 +84,13 @@ def _driver_cursor(connection: BaseDatabaseWrapper, prepare: bool = False) -> An
         return None
     connection.validate_thread_sharing()
     connection.validate_no_broken_transaction()
-    key = (prepare, connection.timezone)
+    # The thread too: a connection shared between threads (allow_thread_sharing)
+    # must not share a cursor, whose result one thread's statement replaces.
+    key = (prepare, connection.timezone, threading.get_ident())
     kept = connection.__dict__.get(_KEPT)
     if kept is None or kept[0] is not driver:
         kept = connection.__dict__[_KEPT] = (driver, {})
-    cursors: dict[tuple[bool, Any], Any] = kept[1]
+    cursors: dict[tuple[bool, Any, int], Any] = kept[1]
     cursor = cursors.get(key)
     if cursor is None or cursor.closed:
         cursor = cursors[key] = _new_cursor(connection, prepare)
@@ -95,7 +98,7 @@ def _driver_cursor(connection: BaseDatabaseWrapper, prepare: bool = False) -> An
 
 
 # Where a connection keeps its cursors (_driver_cursor): (the driver's connection,
-# the cursors by way and time zone).
+# the cursors by way, time zone and thread).
 _KEPT = "_delayq_cursors"
 
 

@@ -285,13 +285,8 @@ class Claimer:
         wake for that lane.
         """
         self._freed += 1
-        uncapped = False
-        for other in self.book.lanes:
-            if other.capped:
-                other.capped, other.wake_at = False, None
-                self._drained.discard(id(other))
-                uncapped = uncapped or other is not lane
-        return uncapped or id(lane) not in self._drained
+        uncapped = self._uncap()
+        return bool(uncapped - {id(lane)}) or id(lane) not in self._drained
 
     def something_due(self, *, told: bool = False) -> None:
         """Claim from every lane at the next round, which has not begun yet (safe from
@@ -324,10 +319,18 @@ class Claimer:
         if acks == self._acks_seen:
             return
         self._acks_seen = acks
+        self._uncap()
+
+    def _uncap(self) -> set[int]:
+        """Let every lane a global cap held back claim again (a place under it may
+        have freed); returns those lanes (by identity)."""
+        uncapped = set()
         for lane in self.book.lanes:
             if lane.capped:
                 lane.capped, lane.wake_at = False, None
                 self._drained.discard(id(lane))
+                uncapped.add(id(lane))
+        return uncapped
 
     def undrain(self) -> None:
         """Claim from every lane at the next round (something may be due anywhere),

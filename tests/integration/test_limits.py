@@ -220,6 +220,29 @@ def test_a_message_that_ends_frees_the_place_of_every_lane_its_cap_held_back():
     assert claims.held_back() == []
 
 
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(data=st.data())
+def test_whichever_lanes_a_cap_held_back_a_message_that_ends_lets_them_all_claim(data):
+    # The class of the test above: any mix of capped and drained lanes, and a
+    # message of any lane ending. Afterwards no lane waits for its recheck, and
+    # the claimer wakes whenever a lane may claim again.
+    worker = Worker(["limited", "default", "chaos"], concurrency=2)
+    lanes, claims = worker.book.lanes, worker.claimer
+    later = timezone.now() + timedelta(hours=1)
+    for lane in lanes:
+        capped = data.draw(st.booleans())
+        lane.capped, lane.wake_at = capped, later if capped else None
+        if capped or data.draw(st.booleans()):
+            claims._drained.add(id(lane))
+    ending = data.draw(st.sampled_from(lanes))
+    others_capped = any(lane.capped for lane in lanes if lane is not ending)
+    free_before = ending.capped or id(ending) not in claims._drained
+    wakes = worker._wants(ending) > 0
+    assert not any(lane.capped for lane in lanes)
+    assert claims.held_back() == []
+    assert wakes == (others_capped or free_before)
+
+
 def describe_lanes(worker: Worker) -> str:
     """What the claimer knows of its lanes (a hang of this test was seen, rarely)."""
     claims = worker.claimer

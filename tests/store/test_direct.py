@@ -7,6 +7,7 @@ refused) and must step aside whenever something watches the wrapper.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -69,6 +70,17 @@ def test_a_connection_keeps_its_cursor_until_it_is_closed_or_reconnects() -> Non
     third = direct._driver_cursor(connection)
     assert third is not second and third.connection is connection.connection
     assert direct.fetch(connection, "SELECT now()", [])[0][0].tzinfo is UTC
+    # A connection shared between threads: each thread has a cursor of its own.
+    wrapper = connections[connection.alias]
+    other: list[object] = []
+    wrapper.inc_thread_sharing()
+    try:
+        thread = threading.Thread(target=lambda: other.append(direct._driver_cursor(wrapper)))
+        thread.start()
+        thread.join(30)
+    finally:
+        wrapper.dec_thread_sharing()
+    assert other and other[0] is not third and other[0] is not None
 
 
 @pytest.fixture(params=["client-side binding", "prepared"])
