@@ -37,7 +37,7 @@ ends), and the sweep, which passes locked children, ends them later.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -106,36 +106,52 @@ def waits(message: Any) -> bool:
 def attach(children: Sequence[int], parents: Sequence[int], policy: str, *, using: str) -> None:
     """Make the new ``children`` wait for ``parents`` (in their ``after=`` order).
 
+    Run in the transaction that wrote the children: see :func:`attach_each`.
+    """
+    if parents:
+        attach_each(dict.fromkeys(children, parents), policy, using=using)
+
+
+def attach_each(parents_of: Mapping[int, Sequence[int]], policy: str, *, using: str) -> None:
+    """Make each new child wait for its own parents (in their ``after=`` order).
+
     Run in the transaction that wrote the children: they are held, their
     edges written, the parents marked as having children, and the edges of
     parents that have finished already are ended at once (a child of
-    finished parents is due as soon as this commits).
+    finished parents is due as soon as this commits). The Spark loader's
+    rows each name their own parents; ``enqueue`` names one list for all.
     """
-    if not children or not parents:
+    parents_of = {child: parents for child, parents in parents_of.items() if parents}
+    if not parents_of:
         return
     rows = Message._base_manager.using(using)
-    for chunk in batches(list(children)):
-        rows.filter(pk__in=chunk, status=Status.PENDING).update(
-            on_parent_failure=policy,
-            next_attempt_time=None,
-            parents_waiting=len(parents),
-            parents_failed=0,
-        )
+    by_count: dict[int, list[int]] = {}
+    for child, parents in parents_of.items():
+        by_count.setdefault(len(parents), []).append(child)
+    for count, children in by_count.items():
+        for chunk in batches(children):
+            rows.filter(pk__in=chunk, status=Status.PENDING).update(
+                on_parent_failure=policy,
+                next_attempt_time=None,
+                parents_waiting=count,
+                parents_failed=0,
+            )
     Dependency.objects.using(using).bulk_create(
         [
             Dependency(child_id=child, parent_id=parent, position=i)
-            for child in children
+            for child, parents in parents_of.items()
             for i, parent in enumerate(parents)
         ],
         batch_size=IN_BATCH,
     )
-    for chunk in batches(list(parents)):
+    every = list(dict.fromkeys(p for parents in parents_of.values() for p in parents))
+    for chunk in batches(every):
         # updated_at too: the Spark archive deletes only rows still at the
         # version it read, and a parent that now has children must stay.
         rows.filter(pk__in=chunk, has_children=False).update(
             has_children=True, updated_at=clock.sql_now()
         )
-    settle(children=children, using=using)
+    settle(children=list(parents_of), using=using)
 
 
 @dataclass

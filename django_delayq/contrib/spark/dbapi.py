@@ -223,7 +223,12 @@ _PLAIN_KINDS = {
         "rows are ordered by a number, text, a date or a timestamp",
     ),
     "run-at": ({"string", "null"}, "it must hold ISO 8601 text"),
+    "after": (
+        {"string", "number", "boolean", "array", "null"},
+        "it must hold a parent's key (text or a number) or an array of them",
+    ),
 }
+_PARENT_KINDS = {"string", "number", "boolean"}
 
 
 def decode_line(
@@ -235,7 +240,7 @@ def decode_line(
     """``(payload JSON text, None, row)`` from one JSON line, or ``(None, reason, None)``.
 
     ``payload``: the names of the payload's columns; ``plain``: ``(name,
-    role)`` of the key, group, order and run-at columns, whose values must
+    role)`` of the key, group, order, run-at and after columns, whose values must
     be of a kind their role takes (``_PLAIN_KINDS``); ``columns``: every
     column of the data set, to give ``row``, the whole row's JSON text (every
     column, null where the line has none, as ``enqueue`` writes it), which
@@ -258,6 +263,11 @@ def decode_line(
         if kind not in kinds:
             article = "an" if kind[0] in "aeiou" else "a"
             return None, f"{role} column {name!r} holds {article} {kind}; {why}", None
+        if isinstance(found, list):  # the after column's parents
+            inner = next((json_kind(v) for v in found if json_kind(v) not in _PARENT_KINDS), None)
+            if inner is not None:
+                article = "an" if inner[0] in "aeiou" else "a"
+                return None, f"{role} column {name!r} holds {article} {inner} parent; {why}", None
         # Spark would write it as "?": a JSON escape (\ud800) is the only way in.
         lone = SURROGATE.search(found) if isinstance(found, str) else None
         if lone is not None:

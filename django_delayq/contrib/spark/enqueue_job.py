@@ -23,6 +23,10 @@ The job in three steps, all but the last read-only:
    ``update`` ``ON DUPLICATE KEY UPDATE``). Keys make it idempotent: a
    retried task, or a re-run of the whole job, finds its rows already there.
 
+**Workflow steps** (``--after-column``): each row may name its parents'
+keys; the rows without parents are written as above, then the driver
+writes the rest, each waiting for its parents (``steps.py``).
+
 **Ordered groups** (``--group-column``): each row's group is that column's
 value as text (null or empty: no group; over 200 characters or holding NUL:
 a rejected row). The rows are repartitioned by group, so that all the rows
@@ -63,7 +67,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from django_delayq import clock
-from django_delayq.contrib.spark import PipelineError, check_seconds, database, dbapi
+from django_delayq.contrib.spark import PipelineError, check_seconds, database, dbapi, steps
 from django_delayq.contrib.spark.rejects import (
     check_rejects_option,
     default_rejects_path,
@@ -81,6 +85,7 @@ from django_delayq.contrib.spark.sources import (
 from django_delayq.contrib.spark.storage import java_message
 from django_delayq.enqueuing import check_priority
 from django_delayq.registry import validate_kind, validate_queue_name
+from django_delayq.workflows import check_policy
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -107,6 +112,9 @@ class EnqueueOptions:
     rejects_path: str | None = None  # None: beside the source
     group_column: str | None = None  # each row's ordered group; None: no groups
     order_column: str | None = None  # the order of a group's rows; None: as read
+    after_column: str | None = None  # each row's parents' keys; None: no parents
+    after_queue: str | None = None  # the parents' queue; None: the load's
+    on_parent_failure: str = "cancel"
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,26 @@ def validate_options(options: EnqueueOptions) -> EnqueueOptions:
         raise PipelineError("--payload-columns names no column")
     if options.order_column is not None and options.group_column is None:
         raise PipelineError("--order-column orders the rows of each group: pass --group-column too")
+    if options.after_column is None:
+        if options.after_queue is not None:
+            raise PipelineError("--after-queue names the parents' queue: pass --after-column too")
+    else:
+        try:
+            check_policy(options.on_parent_failure)
+            if options.after_queue is not None:
+                validate_queue_name(options.after_queue)
+        except (TypeError, ValueError) as exc:
+            raise PipelineError(str(exc)) from exc
+        if options.on_conflict == "update":
+            raise PipelineError(
+                "--after-column cannot be combined with --on-conflict update: a message's "
+                "parents are set when it is created"
+            )
+        if options.group_column is not None:
+            raise PipelineError(
+                "--after-column cannot be combined with --group-column: the rows with "
+                "parents are written after the rest, which would change their group's order"
+            )
     if options.format is not None and options.format not in FORMATS:
         raise PipelineError(f"--format must be csv, parquet or json, got {options.format!r}")
     source = options.source
@@ -209,6 +237,8 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
     source = read_source(spark, options)
     columns, payload = check_schema(source, options)
     prepared = prepare(source, options, columns, payload, now)
+    if options.after_column is not None:
+        prepared = steps.check_parents(spark, prepared, options)
 
     sc.setJobDescription(f"delayq enqueue: validate {options.source}")
     try:
@@ -239,6 +269,9 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
         write_rejects(prepared, rejects_path, lines=source.lines)
 
     valid = prepared.filter(F.col("reason").isNull())
+    with_parents = None
+    if options.after_column is not None:
+        valid, with_parents = steps.step_rows(valid)
     if options.group_column is not None:
         good = in_group_order(valid, options)
     else:
@@ -257,19 +290,23 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
     sc.setJobDescription(f"delayq enqueue: write {rows - rejected} rows to {options.queue}")
     rdd = good.rdd
     results = rdd.mapPartitions(functools.partial(dbapi.write_partition, plan)).collect()
-    sc.setJobDescription(None)  # type: ignore[arg-type]
     total = [sum(r[i] for r in results) for i in range(6)]
+    stepped = steps.StepCounts()
+    if with_parents is not None:
+        sc.setJobDescription(f"delayq enqueue: write the rows with parents to {options.queue}")
+        stepped = steps.write_steps(with_parents, options)
+    sc.setJobDescription(None)  # type: ignore[arg-type]
     return EnqueueSummary(
         source=options.source,
         format=fmt,
         queue=options.queue,
         rows=rows,
-        created=total[1],
+        created=total[1] + stepped.created,
         updated=total[2],
-        ignored=total[3],
+        ignored=total[3] + stepped.ignored,
         rejected=rejected,
         rejects_path=rejects_path,
         partitions=rdd.getNumPartitions(),
-        transactions=total[4],
+        transactions=total[4] + stepped.transactions,
         seconds=time.perf_counter() - started,
     )

@@ -138,6 +138,53 @@ def _text_checks(value: Column, what: str, max_length: int) -> list[tuple[Column
     ]
 
 
+def _parents(
+    value: Column, types: dict[str, DataType], options: EnqueueOptions
+) -> tuple[Column, list[tuple[Column, Column]]]:
+    """The after column as an array of parent keys (empty: none), and its reject reasons:
+    each parent a key as ``enqueue`` takes one, none named twice."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    name = str(options.after_column)
+    dtype = types.get(name, T.StringType())
+    if isinstance(dtype, T.ArrayType):
+        keys = F.transform(value, lambda x: x.cast("string"))
+    else:
+        keys = F.when(value.isNotNull(), F.array(value.cast("string")))
+    parents = F.coalesce(keys, F.array().cast("array<string>"))
+    what = f"after column {name!r}"
+
+    def first(test: Callable[[Column], Column], reason: Callable[[Column], Column]) -> Column:
+        bad = F.filter(parents, test)
+        return F.when(F.size(bad) > 0, reason(bad[0]))
+
+    checks = [
+        (F.exists(parents, lambda k: k.isNull()), F.lit(f"{what} holds a null parent")),
+        (F.exists(parents, lambda k: k == ""), F.lit(f"{what} holds an empty key")),
+        (
+            F.exists(parents, lambda k: F.length(k) > KEY_MAX_LENGTH),
+            F.lit(f"{what} holds a key over {KEY_MAX_LENGTH} characters"),
+        ),
+        (
+            F.exists(parents, lambda k: F.instr(k, "\x00") > 0),
+            F.lit(f"{what} holds a key with a NUL character"),
+        ),
+        (
+            F.size(F.array_distinct(parents)) < F.size(parents),
+            F.concat(
+                F.lit(f"{what} names parent "),
+                first(
+                    lambda k: F.size(F.filter(parents, lambda o: o == k)) > 1,
+                    lambda k: F.concat(F.lit("'"), k, F.lit("'")),
+                ),
+                F.lit(" twice"),
+            ),
+        ),
+    ]
+    return parents, checks
+
+
 def prepare(
     source: Source, options: EnqueueOptions, columns: list[str], payload: list[str], now: datetime
 ) -> DataFrame:
@@ -146,7 +193,9 @@ def prepare(
     ``reason`` is null for a valid row, else why it is rejected; ``row`` is
     the whole row as JSON (JSON lines: the line), for the rejects file.
     With a group column, also ``group`` ("" for none), ``seq`` (the order
-    Spark read the rows in) and, with an order column, ``sort`` (its values).
+    Spark read the rows in) and, with an order column, ``sort`` (its values);
+    with an after column, ``parents`` (an array of keys, empty for none) and
+    ``seq``.
     """
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -159,6 +208,7 @@ def prepare(
             (options.group_column, "group"),
             (options.order_column, "order"),
             (options.run_at_column, "run-at"),
+            (options.after_column, "after"),
         ]
         decode = F.udf(
             functools.partial(
@@ -193,6 +243,10 @@ def prepare(
         ]
 
     extra: list[Column] = []
+    if options.after_column is not None:
+        parents, parent_checks = _parents(column(options.after_column), types, options)
+        checks += parent_checks
+        extra += [parents.alias("parents"), F.monotonically_increasing_id().alias("seq")]
     if options.group_column is not None:
         name = options.group_column
         group = column(name).cast("string")

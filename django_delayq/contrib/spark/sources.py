@@ -137,7 +137,7 @@ def _read_json_lines(spark: SparkSession, options: EnqueueOptions) -> Source:
     sort as numbers.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructField, StructType
+    from pyspark.sql.types import ArrayType, StructField, StructType
 
     source = options.source
     lines = spark.read.text(source).filter(F.trim(F.col("value")) != "")
@@ -159,18 +159,29 @@ def _read_json_lines(spark: SparkSession, options: EnqueueOptions) -> Source:
             options.group_column,
             options.order_column,
             options.run_at_column,
+            options.after_column,
         )
         if c is not None and c in names
     ]
     types: dict[str, DataType] = {}
     selected = [F.col("value").alias(LINE)]
     refs = []
+
+    def parsed(name: str, dtype: DataType) -> Column:
+        schema = StructType([StructField(name, dtype)])
+        return F.from_json(F.col("value"), schema, {"mode": "PERMISSIVE"}).getField(name)
+
     for i, name in enumerate(dict.fromkeys(plain)):
         dtype = order_type(kinds) if name == options.order_column else _string()
+        value = parsed(name, dtype)
+        if name == options.after_column:
+            # A key, or an array of keys: read as an array where the line holds
+            # one (a string that looks like one stays a string), else as text.
+            dtype = ArrayType(_string())
+            many = parsed(name, dtype)
+            value = F.when(many.isNotNull(), many).when(value.isNotNull(), F.array(value))
         types[name] = dtype
-        schema = StructType([StructField(name, dtype)])
-        parsed = F.from_json(F.col("value"), schema, {"mode": "PERMISSIVE"})
-        selected.append(parsed.getField(name).alias(f"_delayq_{i}"))
+        selected.append(value.alias(f"_delayq_{i}"))
         refs.append((name, f"_delayq_{i}"))
     return Source(lines.select(*selected), columns, types, lines=True, refs=tuple(refs))
 
@@ -281,6 +292,14 @@ def check_schema(source: Source, options: EnqueueOptions) -> tuple[list[str], li
         dtype = require(column, what)
         if not _atomic(dtype):
             raise PipelineError(f"{what} {column!r} has type {dtype.simpleString()}; {why}")
+    if options.after_column is not None:
+        dtype = require(options.after_column, "after column")
+        element = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype
+        if not _atomic(element) or isinstance(element, T.NullType):
+            raise PipelineError(
+                f"after column {options.after_column!r} has type {dtype.simpleString()}; "
+                "it must hold a parent's key (text or a number) or an array of them"
+            )
     if options.run_at_column is not None:
         dtype = require(options.run_at_column, "run-at column")
         if not isinstance(dtype, T.StringType | T.TimestampType | T.TimestampNTZType | T.DateType):

@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.contrib.spark import PipelineError
 from django_delayq.management import arguments
+from django_delayq.models import PARENT_FAILURE_POLICIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -110,6 +111,25 @@ class Command(BaseCommand):
             metavar="COL",
             help="the order of the rows of each group (default: the order Spark reads "
             "them in); needs --group-column",
+        )
+        enqueue.add_argument(
+            "--after-column",
+            metavar="COL",
+            help="each row's parents: a key, or an array of keys, of messages that must "
+            "finish before the row's message runs (empty: none). A parent is a message "
+            "already enqueued or a row of this load without parents of its own",
+        )
+        enqueue.add_argument(
+            "--after-queue",
+            metavar="Q",
+            help="the queue of the parents named by --after-column (default: --queue)",
+        )
+        enqueue.add_argument(
+            "--on-parent-failure",
+            choices=PARENT_FAILURE_POLICIES,
+            default="cancel",
+            help="what a parent that ends failed or cancelled does to its children: "
+            "cancel them (default), make them wait for a retry, or run them anyway",
         )
         enqueue.add_argument(
             "--partitions",
