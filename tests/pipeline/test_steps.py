@@ -132,8 +132,7 @@ def test_a_parent_that_will_not_exist_is_a_rejected_row_and_nothing_waits_for_it
 
     assert (summary.created, summary.rejected) == (202, 4)
     reasons = {
-        r["row"]["key"]: r["reason"]
-        for r in map(json.loads, rejects.read_text().splitlines())
+        r["row"]["key"]: r["reason"] for r in map(json.loads, rejects.read_text().splitlines())
     }
     assert set(reasons) == {"orphan", "grandchild", "twice", "blank"}
     assert "names parent 'nowhere'" in reasons["orphan"]
