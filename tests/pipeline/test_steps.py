@@ -10,6 +10,7 @@ anything is written.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,45 @@ def test_after_queue_needs_an_after_column_and_the_column_a_key_type(
         "--after-column", "after",
     )  # fmt: skip
     assert "has type struct<k:string>" in message
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_rows_load_exactly_the_steps_whose_parents_will_exist(
+    spark: Any, tmp_path: Path, seed: int
+) -> None:
+    # Any mix: roots; steps naming roots, messages already there, keys that
+    # are nowhere, and other steps; repeated keys; a few partitions. Each
+    # row is written with exactly its parents, in order, or rejected.
+    rng = random.Random(seed)
+    before = [f"old-{n}" for n in range(10)]
+    for key in before:
+        enqueue("default", {}, key=key)
+    roots = [f"r{n}" for n in range(60)]
+    steps = [f"s{n}" for n in range(140)]
+    rows: list[tuple[Any, ...]] = [(key, None, n) for n, key in enumerate(roots)]
+    named: dict[str, list[str]] = {}
+    for n, key in enumerate(steps):
+        pool = roots + before + ["nowhere"] * 2 + steps
+        named[key] = rng.sample(pool, rng.randint(1, 4))
+        rows.append((key, named[key], 100 + n))
+    rows.append(("r0", None, -1))  # a repeated root: ignored
+    rng.shuffle(rows)
+    source = write_frame(
+        spark, tmp_path / "s.parquet", rows, "key string, after array<string>, n int"
+    )
+
+    summary, _ = run_pipeline(
+        "enqueue", str(source), "--queue", "default", "--key-column", "key",
+        "--after-column", "after", "--max-reject-rate", "1", "--partitions", "3",
+        "--rejects", str(tmp_path / "rejects.jsonl"),
+    )  # fmt: skip
+
+    good = {k for k, parents in named.items() if all(p in roots or p in before for p in parents)}
+    assert summary.rejected == len(steps) - len(good)
+    assert summary.created == len(roots) + len(good)
+    written = set(Message.objects.filter(key__startswith="s").values_list("key", flat=True))
+    assert written == good
+    for key in good:
+        assert parents_of("default", key) == named[key]
+        assert Message.objects.get(key=key).parents_waiting == len(named[key])
+    assert Dependency.objects.count() == sum(len(named[k]) for k in good)

@@ -291,7 +291,7 @@ def run_enqueue(spark: SparkSession, options: EnqueueOptions) -> EnqueueSummary:
     rdd = good.rdd
     results = rdd.mapPartitions(functools.partial(dbapi.write_partition, plan)).collect()
     total = [sum(r[i] for r in results) for i in range(6)]
-    stepped = steps.StepCounts()
+    stepped = dbapi.LoadCounts()
     if with_parents is not None:
         sc.setJobDescription(f"delayq enqueue: write the rows with parents to {options.queue}")
         stepped = steps.write_steps(with_parents, options)

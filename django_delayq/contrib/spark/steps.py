@@ -30,7 +30,6 @@ and writes the rest.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import groupby, islice
 from typing import TYPE_CHECKING
@@ -40,6 +39,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_delayq.contrib.spark import PipelineError
+from django_delayq.contrib.spark.dbapi import LoadCounts
 from django_delayq.models import Message
 from django_delayq.store.columns import batches
 
@@ -50,14 +50,6 @@ if TYPE_CHECKING:
 
 #: Rows with parents written per transaction by :func:`write_steps`.
 STEP_CHUNK = 1_000
-
-
-@dataclass
-class StepCounts:
-    rows: int = 0
-    created: int = 0
-    ignored: int = 0
-    transactions: int = 0
 
 
 def parent_queue(options: EnqueueOptions) -> str:
@@ -126,13 +118,13 @@ def _due(text: str) -> datetime:
     return due if settings.USE_TZ else timezone.make_naive(due)
 
 
-def write_steps(steps: DataFrame, options: EnqueueOptions) -> StepCounts:
+def write_steps(steps: DataFrame, options: EnqueueOptions) -> LoadCounts:
     """Write the valid rows with parents, in input order, a chunk per transaction."""
     from django_delayq.enqueuing import Outcome, enqueue_many
     from django_delayq.store.dependencies import attach_each
 
     queue, alias = parent_queue(options), str(options.database)
-    counts = StepCounts()
+    counts = LoadCounts()
     rows = steps.orderBy("seq").select("key", "payload", "due", "parents").toLocalIterator()
     while chunk := list(islice(rows, STEP_CHUNK)):
         with transaction.atomic(using=alias):
@@ -163,10 +155,7 @@ def write_steps(steps: DataFrame, options: EnqueueOptions) -> StepCounts:
                         )
                     parents_of[result.message.pk] = [ids[p] for p in row["parents"]]
             attach_each(parents_of, options.on_parent_failure, using=alias)
-        counts.rows += len(chunk)
-        counts.created += len(parents_of)
-        counts.transactions += 1
-    counts.ignored = counts.rows - counts.created
+        counts.add(len(chunk), created=len(parents_of), updated=0)
     return counts
 
 
@@ -178,4 +167,4 @@ def step_rows(valid: DataFrame) -> tuple[DataFrame, DataFrame]:
     return valid.filter(~has), valid.filter(has)
 
 
-__all__ = ["STEP_CHUNK", "StepCounts", "check_parents", "step_rows", "write_steps"]
+__all__ = ["STEP_CHUNK", "check_parents", "step_rows", "write_steps"]
