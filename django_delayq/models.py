@@ -277,6 +277,17 @@ class Message(QueueColumns):
             ),
             # Failed messages per queue (dashboard), without visiting the table.
             models.Index(fields=["queue"], name="delayq_failed_idx", condition=Q(status="failed")),
+            # Held messages per queue: workflow steps waiting for their parents
+            # and ordered-group members waiting for their turn (pending, no due
+            # time). The dashboard, delayq_status, the metrics and the admin's
+            # filter count them; without it each count read the whole table
+            # (1 s at 10 million kept messages). Claims and acknowledgements
+            # never write a row into it.
+            models.Index(
+                fields=["queue"],
+                name="delayq_held_idx",
+                condition=Q(status="pending", next_attempt_time__isnull=True),
+            ),
             # The admin's kind filter: its choices (search.distinct_values) and
             # its rows. Partial, so projects that never set a kind pay nothing.
             models.Index(fields=["kind"], name="delayq_kind_idx", condition=~Q(kind="")),

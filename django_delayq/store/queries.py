@@ -257,9 +257,9 @@ class MessageQuerySet(QueueQuerySet[Any]):
 
     def waiting_by_queue(self) -> dict[str, int]:
         """Workflow steps waiting for their parents, per queue: those of the held rows
-        (pending, no due time: a range of ``delayq_due_idx``) that their parents have
-        not let go (``dependencies.waiting_rows``; not a released step its ordered
-        group holds)."""
+        (pending, no due time: ``delayq_held_idx``) that their parents have not let
+        go (``dependencies.waiting_rows``; not a released step its ordered group
+        holds)."""
         from django_delayq.store.dependencies import waiting_rows
 
         rows = self.filter(waiting_rows()).values("queue").order_by().annotate(n=Count("queue"))
