@@ -40,6 +40,16 @@ def check_policy(policy: object) -> str:
     return str(policy)
 
 
+def ids_by_key(queue: str, keys: list[str], using: str) -> dict[str, int]:
+    """The ids of the messages of ``queue`` with these keys (those that exist), a batch
+    of keys per query."""
+    rows = Message._base_manager.using(using)
+    found: dict[str, int] = {}
+    for chunk in batches(keys):
+        found.update(rows.filter(queue=queue, key__in=chunk).values_list("key", "pk"))
+    return found
+
+
 def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
     """The ids of ``after=``'s parents, in order, each checked to exist on ``using``.
 
@@ -84,9 +94,7 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
         for queue, key in pairs:
             by_queue.setdefault(queue, []).append(key)
         for queue, keys in by_queue.items():
-            for chunk in batches(keys):
-                named = rows.filter(queue=queue, key__in=chunk).values_list("pk", "key")
-                found.update(((queue, key), pk) for pk, key in named)
+            found.update(((queue, key), pk) for key, pk in ids_by_key(queue, keys, using).items())
         for pair, places in pairs.items():
             if pair not in found:
                 raise ValueError(f"after[{places[0]}]: no message {pair[0]}/{pair[1]}")

@@ -40,8 +40,7 @@ from django.utils import timezone
 
 from django_delayq.contrib.spark import PipelineError
 from django_delayq.contrib.spark.dbapi import LoadCounts
-from django_delayq.models import Message
-from django_delayq.store.columns import batches
+from django_delayq.workflows import ids_by_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -56,14 +55,6 @@ def parent_queue(options: EnqueueOptions) -> str:
     return options.after_queue or options.queue
 
 
-def _existing(queue: str, keys: list[str], using: str) -> dict[str, int]:
-    rows = Message._base_manager.using(using)
-    found: dict[str, int] = {}
-    for chunk in batches(keys):
-        found.update(rows.filter(queue=queue, key__in=chunk).values_list("key", "pk"))
-    return found
-
-
 def check_parents(spark: SparkSession, prepared: DataFrame, options: EnqueueOptions) -> DataFrame:
     """``prepared`` with each valid row that names a parent that will not exist rejected.
 
@@ -75,15 +66,15 @@ def check_parents(spark: SparkSession, prepared: DataFrame, options: EnqueueOpti
     from pyspark.sql import functions as F
 
     queue = parent_queue(options)
-    valid = prepared.filter(F.col("reason").isNull())
-    edges = valid.filter(F.size("parents") > 0).select("seq", F.explode("parents").alias("parent"))
+    roots, children = step_rows(prepared.filter(F.col("reason").isNull()))
+    edges = children.select("seq", F.explode("parents").alias("parent"))
     outside = edges.select("parent").distinct()
     if queue == options.queue:
-        roots = valid.filter(F.size("parents") == 0).select(F.col("key").alias("parent"))
-        outside = outside.join(roots.distinct(), "parent", "left_anti")
+        named_here = roots.select(F.col("key").alias("parent")).distinct()
+        outside = outside.join(named_here, "parent", "left_anti")
     spark.sparkContext.setJobDescription(f"delayq enqueue: the parents in {options.source}")
     named = [row["parent"] for row in outside.toLocalIterator()]
-    existing = _existing(queue, named, str(options.database))
+    existing = ids_by_key(queue, named, str(options.database))
     missing = [key for key in named if key not in existing]
     if not missing:
         return prepared
@@ -129,7 +120,7 @@ def write_steps(steps: DataFrame, options: EnqueueOptions) -> LoadCounts:
     while chunk := list(islice(rows, STEP_CHUNK)):
         with transaction.atomic(using=alias):
             named = list(dict.fromkeys(p for row in chunk for p in row["parents"]))
-            ids = _existing(queue, named, alias)
+            ids = ids_by_key(queue, named, alias)
             parents_of: dict[int, list[int]] = {}
             for due, same in groupby(chunk, key=lambda row: row["due"]):
                 batch = list(same)
