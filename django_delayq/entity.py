@@ -32,17 +32,18 @@ changelist the queue's filters and actions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, models, router, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from django_delayq import clock
 from django_delayq.exceptions import DelayQError
 from django_delayq.models import ACTIVE_STATUS_VALUES, FINISHED_STATUS_VALUES, QueueColumns
-from django_delayq.status import Status
-from django_delayq.store import queue_fields
+from django_delayq.status import FINISHED, Status
+from django_delayq.store import queue_fields, row_steps
 from django_delayq.store.queries import QueueQuerySet
 from django_delayq.store.wakeup import notify
 
@@ -70,22 +71,47 @@ class EntityQuerySet(QueueQuerySet[Any]):
         *,
         run_at: datetime | None = None,
         delay: timedelta | int | float | None = None,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> int:
         """Queue the selected rows to run at ``run_at`` or after ``delay`` (now if neither).
 
         One ``UPDATE``. Rows a worker holds (running under a valid lease) are
         left alone, as the admin's operations do: the worker's outcome would
         overwrite the new schedule. Returns how many rows were queued.
+
+        ``after``: the rows are workflow steps: each waits until every parent
+        has finished (messages, what ``enqueue`` returned, ``(queue, key)``
+        pairs, or rows of ``QueueFields`` models), then runs at ``run_at`` or
+        after ``delay`` from then; ``on_parent_failure`` as for ``enqueue``.
         """
         from django_delayq.enqueuing import resolve_run_at
 
         when = resolve_run_at(run_at, delay, clock.now())
         alias = self.db
+        if after is not None:
+            return len(_make_steps(self, after, on_parent_failure, when, alias))
         with transaction.atomic(using=alias):
+            again = row_steps.finished_rows(self)
             changed = queue_fields.schedule(self, when)
             if changed:
                 _notify(self.model, alias, when)
+                row_steps.queued_again(self.model, again, alias)
         return changed
+
+
+def _make_steps(
+    rows: QuerySet[Any], after: Iterable[Any], policy: str, when: datetime, alias: str
+) -> list[Any]:
+    """``schedule(after=...)``: the rows wait for their parents (``row_steps.make_steps``)."""
+    from django_delayq.workflows import check_policy, parent_ids
+
+    policy = check_policy(policy)
+    with transaction.atomic(using=alias):
+        parents = parent_ids(after, alias)
+        if not parents:
+            raise ValueError("after must name at least one parent")
+        return row_steps.make_steps(rows, parents, policy, when, using=alias)
 
 
 class QueueFields(QueueColumns):
@@ -155,6 +181,8 @@ class QueueFields(QueueColumns):
         delay: timedelta | int | float | None = None,
         save: bool = True,
         using: str | None = None,
+        after: Iterable[Any] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> None:
         """Queue this row to run at ``run_at`` or after ``delay`` (now if neither).
 
@@ -164,16 +192,34 @@ class QueueFields(QueueColumns):
         (running under a valid lease) is refused with ``RowHeld``: its
         outcome would overwrite the new schedule. Inside the row's own
         handler, raise ``Retry`` instead.
+
+        ``after``: the row is a workflow step: it waits until every parent has
+        finished (messages, what ``enqueue`` returned, ``(queue, key)`` pairs,
+        or other rows), then runs at ``run_at`` or after ``delay`` from then.
+        ``on_parent_failure`` as for ``enqueue``. Not with ``save=False``.
         """
         from django_delayq.enqueuing import resolve_run_at
 
         when = resolve_run_at(run_at, delay, clock.now())
+        model = type(self)
+        if after is not None and not save:
+            raise ValueError("schedule(after=...) saves the row: save=False cannot wait")
         if not save:
             queue_fields.mark_scheduled(self, when)
             return
-        model = type(self)
         alias = using or router.db_for_write(model, instance=self)
         with transaction.atomic(using=alias):
+            if after is not None:
+                if self._state.adding:
+                    self.save(using=alias)
+                rows = model._base_manager.using(alias).filter(pk=self.pk)
+                if not _make_steps(rows, after, on_parent_failure, when, alias):
+                    raise RowHeld(
+                        f"{model._meta.label} {self.pk} is running under a worker's lease"
+                    )
+                self.refresh_from_db(using=alias, fields=list(queue_fields.QUEUE_COLUMN_NAMES))
+                return
+            finished = not self._state.adding and getattr(self, "status", None) in FINISHED
             if not queue_fields.schedule_row(self, when, using=alias):
                 raise RowHeld(
                     f"{model._meta.label} {self.pk} is running under a worker's lease "
@@ -181,6 +227,8 @@ class QueueFields(QueueColumns):
                     "again later"
                 )
             _notify(model, alias, when)
+            if finished:
+                row_steps.queued_again(model, [self.pk], alias)
 
 
 class RowHeld(DelayQError):

@@ -37,6 +37,10 @@ MAX_ATTEMPTS_LIMIT = 1_000_000
 #: ``enqueue(..., on_parent_failure=)``: what a parent that ends failed, cancelled
 #: or discarded does to the messages waiting for it.
 PARENT_FAILURE_POLICIES = ("cancel", "wait", "run")
+#: Where the queue of a row's stand-in begins (``store/row_steps.py``): a
+#: ``QueueFields`` row in a workflow is a message of ``delayq.row:<app>.<model>``;
+#: no handler may consume such a queue.
+STAND_IN_PREFIX = "delayq.row:"
 #: A worker's name (``run_delayq --name``): ``WorkerState.name`` and ``locked_by``.
 WORKER_NAME_MAX_LENGTH = 255
 

@@ -210,7 +210,11 @@ def _apply(
             steps = _steps(queryset.filter(eligible)) if any(r.get(STEPS) for r in rows) else []
             parents = [pk for pk, has_children in steps if has_children]
             orphans = _children(parents, alias) if parents and plan is _DELETE else []
+            # A QueueFields model's rows in workflows (their stand-ins).
+            in_workflows = _rows_in_workflows(queryset.filter(eligible), model, alias)
             changed = write(queryset.filter(eligible), now)
+            if in_workflows:
+                _rows_go_on(model, in_workflows, plan, alias)
             if affected:
                 groups.release_groups(affected, using=alias)
             if plan is _DELETE:
@@ -239,6 +243,31 @@ def _apply(
         # Rows a worker released between the count and the update.
         skipped[RUNNING] -= min(changed - expected, skipped[RUNNING])
     return OperationResult(changed, {k: n for k, n in skipped.items() if n})
+
+
+def _rows_in_workflows(rows: QuerySet[Any], model: type[Any], alias: str) -> list[Any]:
+    """The primary keys of ``rows`` where their model's rows take part in workflows."""
+    from django_delayq.store import row_steps
+
+    if model is Message or not row_steps.in_use(model, alias):
+        return []
+    return list(rows.values_list("pk", flat=True))
+
+
+def _rows_go_on(model: type[Any], pks: list[Any], plan: _Plan, alias: str) -> None:
+    """What waits for the rows an operation changed: a retried row's stand-in reopens;
+    one that finished ends its stand-in, and its children go on; a deleted one's
+    stand-in goes, its children left to go on without it."""
+    from django_delayq.store import row_steps
+
+    if plan is _RETRY:
+        row_steps.queued_again(model, pks, alias)
+    elif plan is _DELETE:
+        row_steps.deleted(model, pks, alias)
+    else:
+        parents = row_steps.ended_parents(model, pks, alias)
+        if parents:
+            dependencies.settle(parents, using=alias)
 
 
 def _steps(rows: QuerySet[Message]) -> list[tuple[int, bool]]:

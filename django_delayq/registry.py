@@ -20,7 +20,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django_delayq.conf import check_count, check_max_delay, get_config, to_timedelta
 from django_delayq.exceptions import HandlerNotFound
 from django_delayq.flow import Rate, parse_cap, parse_rate
-from django_delayq.models import KIND_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
+from django_delayq.models import (
+    KIND_MAX_LENGTH,
+    MAX_ATTEMPTS_LIMIT,
+    QUEUE_MAX_LENGTH,
+    STAND_IN_PREFIX,
+)
 from django_delayq.retry import RetryPolicy, get_default_policy, resolve_policy
 from django_delayq.values import check_text, is_int_between
 
@@ -57,6 +62,11 @@ def validate_queue_name(queue: object) -> str:
         raise ValueError(
             f"queue name {queue!r} may only hold letters, digits and _ . : - "
             "(and must start with a letter or digit)"
+        )
+    if queue.startswith(STAND_IN_PREFIX):
+        raise ValueError(
+            f"queue name {queue!r}: names starting with {STAND_IN_PREFIX!r} are the "
+            "queues of rows in workflows (their stand-ins), no handler's"
         )
     return queue
 

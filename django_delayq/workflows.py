@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from django_delayq.exceptions import MessageFailed
-from django_delayq.models import PARENT_FAILURE_POLICIES, Message
+from django_delayq.models import PARENT_FAILURE_POLICIES, Message, QueueColumns
 from django_delayq.status import Status
 from django_delayq.store import ended
 from django_delayq.store.columns import batches
@@ -53,8 +53,9 @@ def ids_by_key(queue: str, keys: list[str], using: str) -> dict[str, int]:
 def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
     """The ids of ``after=``'s parents, in order, each checked to exist on ``using``.
 
-    A parent is what ``enqueue`` returned, a ``Message``, or a ``(queue, key)``
-    pair. It must exist already (written before, or earlier in the same
+    A parent is what ``enqueue`` returned, a ``Message``, a ``(queue, key)``
+    pair, or a row of a ``QueueFields`` model (its stand-in, created as
+    needed). It must exist already (written before, or earlier in the same
     transaction), so a cycle cannot be written.
     """
     if after is None:
@@ -68,6 +69,7 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
 
     ids: list[int | None] = []
     pairs: dict[tuple[str, str], list[int]] = {}
+    rows: dict[int, Any] = {}  # place: a QueueFields row
     for i, parent in enumerate(after):
         if isinstance(parent, EnqueueResult):
             parent = parent.message
@@ -75,6 +77,9 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
             if parent.pk is None:
                 raise ValueError(f"after[{i}]: the message was never saved")
             ids.append(int(parent.pk))
+        elif isinstance(parent, QueueColumns):
+            rows[i] = parent
+            ids.append(None)
         elif (
             isinstance(parent, tuple)
             and len(parent) == 2
@@ -84,10 +89,16 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
             ids.append(None)
         else:
             raise TypeError(
-                f"after[{i}]: a parent is what enqueue returned, a Message or a (queue, key) "
-                f"pair of str, got {type(parent).__name__}"
+                f"after[{i}]: a parent is what enqueue returned, a Message, a (queue, key) "
+                f"pair of str or a row of a QueueFields model, got {type(parent).__name__}"
             )
-    rows = Message._base_manager.using(using)
+    if rows:
+        # A row is a parent through its stand-in (store/row_steps.py).
+        from django_delayq.store import row_steps
+
+        for place, pk in zip(rows, row_steps.stand_in_ids(list(rows.values()), using), strict=True):
+            ids[place] = pk
+    messages = Message._base_manager.using(using)
     if pairs:
         found: dict[tuple[str, str], int] = {}
         by_queue: dict[str, list[str]] = {}
@@ -108,7 +119,7 @@ def parent_ids(after: Iterable[Any] | None, using: str) -> list[int]:
         seen.add(pk)
     existing: set[int] = set()
     for chunk in batches(resolved):
-        existing.update(rows.filter(pk__in=chunk).values_list("pk", flat=True))
+        existing.update(messages.filter(pk__in=chunk).values_list("pk", flat=True))
     missing = [pk for pk in resolved if pk not in existing]
     if missing:
         raise ValueError(f"after: message #{missing[0]} does not exist")

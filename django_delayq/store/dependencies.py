@@ -49,6 +49,7 @@ from django.db.models import (
     Exists,
     ExpressionWrapper,
     F,
+    Model,
     OuterRef,
     Q,
     QuerySet,
@@ -59,7 +60,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django_delayq import clock
 from django_delayq.conf import get_config
 from django_delayq.fingerprint import fingerprint
-from django_delayq.models import Dependency, Message
+from django_delayq.models import STAND_IN_PREFIX, Dependency, Message
 from django_delayq.status import FINISHED, Status
 from django_delayq.store import direct
 from django_delayq.store.columns import IN_BATCH, batches, db_alias, quote_names
@@ -166,6 +167,9 @@ class Settled:
     grouped: dict[int, tuple[str, str]] = field(default_factory=dict)
     #: Some child was locked by another transaction: its edges stay open.
     skipped: bool = False
+    #: The released or cancelled ones that stand for a row of a ``QueueFields``
+    #: model (``store/row_steps.py``): their rows follow them in :func:`_after`.
+    stand_ins: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.released or self.cancelled)
@@ -204,6 +208,10 @@ def settle(
     alias = db_alias(using)
     done = Settled()
     if parents is None and children is None:
+        from django_delayq.store import row_steps
+
+        # Rows that ended without their stand-ins: the edges below end with them.
+        row_steps.sweep(alias)
         _end(alias, done, None, None, skip_locked)
     for chunk in batches(sorted(parents or ())):
         _end(alias, done, "parent_id", chunk, skip_locked)
@@ -233,11 +241,24 @@ LOCK_WAIT = sum(PATIENCE)
 LOCK_NOT_AVAILABLE = "55P03"
 
 
-def settle_without_waiting(parents: Collection[int], *, using: str | None = None) -> Settled:
+def settle_without_waiting(
+    parents: Collection[Any], *, using: str | None = None, model: type[Model] = Message
+) -> Settled:
     """:func:`settle` for the edges of ``parents`` as a worker does it: never waiting
     long for a child's row lock (:data:`LOCK_WAIT` on PostgreSQL; elsewhere trying
     again for :data:`PATIENCE`), then leaving what is still locked to the sweep
-    (``Settled.skipped``)."""
+    (``Settled.skipped``).
+
+    ``model``: ``parents`` are rows of that ``QueueFields`` model that ended;
+    their stand-ins end with them first (``row_steps.ended_parents``), and
+    nothing is read when none of its rows takes part in a workflow.
+    """
+    if model is not Message:
+        from django_delayq.store import row_steps
+
+        parents = row_steps.ended_parents(model, parents, db_alias(using))
+        if not parents:
+            return Settled()
     done = settle(parents, using=using, skip_locked=True)
     if features(connections[db_alias(using)]).array_parameters:
         return done
@@ -481,6 +502,7 @@ def _read_ended(done: Settled, rows: Sequence[Sequence[Any]], *, notified: bool)
             _released(done, pk, queue, group, notified=notified)
         elif status == Status.CANCELLED:
             done.cancelled.append(pk)
+            _stand_in(done, pk, queue)
 
 
 def _now_sql() -> str:
@@ -589,14 +611,26 @@ def _decide(locked: dict[int, tuple[str, str, str, int, int]], alias: str, done:
     if cancel:
         _cancel(cancel, alias)
         done.cancelled.extend(cancel)
+        for pk in cancel:
+            _stand_in(done, pk, locked[pk][0])
 
 
 def _released(done: Settled, pk: int, queue: str, group: str, *, notified: bool = False) -> None:
     done.released.append(pk)
+    if _stand_in(done, pk, queue):
+        return  # no worker consumes its queue: its row follows it (_after)
     if not notified:
         done.queues.add(queue)
     if group:
         done.grouped[pk] = (queue, group)
+
+
+def _stand_in(done: Settled, pk: int, queue: str | None) -> bool:
+    """Note ``pk`` for its row to follow if it stands for one; whether it does."""
+    if queue is not None and queue.startswith(STAND_IN_PREFIX):
+        done.stand_ins.append(pk)
+        return True
+    return False
 
 
 def _after(alias: str, done: Settled) -> None:
@@ -610,6 +644,11 @@ def _after(alias: str, done: Settled) -> None:
         from django_delayq.store.groups import wake
 
         wake(done.queues, using=alias)
+    if done.stand_ins:
+        from django_delayq.store import row_steps
+
+        stand_ins, done.stand_ins = done.stand_ins, []
+        row_steps.follow(alias, stand_ins)
 
 
 @dataclass(frozen=True)
@@ -727,8 +766,24 @@ def reopen(parents: Iterable[int], *, using: str | None = None) -> int:
     if touched:
         _recount(sorted(touched), alias)
     if reopened:
+        _rows_wait_again(reopened, alias)
         settle(children=reopened, using=alias)
     return len(reopened)
+
+
+def _rows_wait_again(reopened: list[int], alias: str) -> None:
+    """The rows whose stand-ins ``reopen`` reopened, cancelled with them: waiting again."""
+    from django_delayq.store import row_steps
+
+    messages = Message._base_manager.using(alias)
+    for chunk in batches(reopened):
+        stand_ins = messages.filter(pk__in=chunk, queue__startswith=STAND_IN_PREFIX)
+        for queue, key in stand_ins.values_list("queue", "key"):
+            model = row_steps.model_for(queue)
+            if model is not None:
+                model._base_manager.using(alias).filter(pk=key, status=Status.CANCELLED).update(
+                    status=Status.PENDING, next_attempt_time=None, last_error="", lock_token=None
+                )
 
 
 def orphaned(children: Collection[int], *, using: str | None = None) -> Settled:

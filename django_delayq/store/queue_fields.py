@@ -21,7 +21,7 @@ from django_delayq.store.columns import model_field
 from django_delayq.store.queries import held_condition
 
 
-def _scheduled(when: datetime) -> dict[str, Any]:
+def _scheduled(when: datetime | None) -> dict[str, Any]:
     return {
         "status": Status.PENDING,
         "next_attempt_time": when,
@@ -40,8 +40,10 @@ def _rerun(value: Any, field: Field[Any, Any]) -> Case:
     )
 
 
-def schedule(rows: QuerySet[Any], when: datetime) -> int:
-    """Queue the selected rows to run at ``when``, but the ones a worker holds.
+def schedule(rows: QuerySet[Any], when: datetime | None) -> int:
+    """Queue the selected rows to run at ``when``, but the ones a worker holds
+    (``None``: pending with no due time, as a workflow's step waiting for its
+    parents is).
 
     A finished row starts again from its first attempt: with its old
     attempt count it would be claimed and given up at once, its handler

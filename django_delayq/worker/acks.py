@@ -44,9 +44,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connections, reset_queries
+from django.db.models import Model
 
 from django_delayq import guard
 from django_delayq.logs import who
+from django_delayq.models import Message
 from django_delayq.store import dependencies, leases, settle
 from django_delayq.worker.background import Supervisor
 from django_delayq.worker.execute import Result, lease_lost, record_success
@@ -288,12 +290,17 @@ class Settler:
         found = self._states([a.item for a in missing]) if missing else {}
         # A workflow's parents acknowledged together end their edges together:
         # a fan-in's child changes once per batch, not once per parent.
-        parents = [
-            a.item.row.pk
-            for a in acks
-            if getattr(a.item.row, "has_children", False) and (a.item.row.pk, a.item.token) in mine
-        ]
-        grouped = bool(parents) and self._children_go_on(parents)
+        # A QueueFields row may be a parent too (through its stand-in).
+        parents: dict[type[Model], list[Any]] = {}
+        for a in acks:
+            row = a.item.row
+            if (row.pk, a.item.token) in mine and (
+                type(row) is not Message or getattr(row, "has_children", False)
+            ):
+                parents.setdefault(type(row), []).append(row.pk)
+        grouped = False
+        for model, pks in parents.items():
+            grouped = self._children_go_on(pks, model) or grouped
         for ack in acks:
             item = ack.item
             message = item.row
@@ -319,11 +326,13 @@ class Settler:
             done.append((item, Result.SUCCEEDED, ack.duration))
         return grouped
 
-    def _children_go_on(self, parents: list[Any]) -> bool:
-        """Release the children of ``parents`` (acknowledged); True if any was released.
-        If this fails, the sweep of every worker's maintenance does it a little later."""
+    def _children_go_on(self, parents: list[Any], model: type[Model]) -> bool:
+        """Release the children of ``parents`` (acknowledged rows of ``model``); True if
+        any was released. If this fails, the sweep of every worker's maintenance does
+        it a little later."""
         try:
-            return bool(dependencies.settle_without_waiting(parents, using=self.using).released)
+            settled = dependencies.settle_without_waiting(parents, using=self.using, model=model)
+            return bool(settled.released)
         except (DatabaseError, InterfaceError):
             logger.warning(
                 "could not release the messages waiting for %d acknowledged message(s); "

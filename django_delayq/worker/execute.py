@@ -570,7 +570,10 @@ def _children_go_on(message: Message, using: str) -> None:
     """Release (or cancel) the messages enqueued ``after=`` ``message``, now that its
     outcome has committed: a chain's next step is due at once, not at the sweep's
     next round (which does it if this fails, or the worker dies first)."""
-    if not getattr(message, "has_children", False):
+    model = type(message)
+    # A QueueFields row may be a workflow's parent (through its stand-in,
+    # store/row_steps.py): a message has a column that says so.
+    if model is Message and not message.has_children:
         return
     with_outcome = message.__dict__.pop(RELEASED_WITH_OUTCOME, None)
     try:
@@ -579,7 +582,7 @@ def _children_go_on(message: Message, using: str) -> None:
             message.__dict__[RELEASED_CHILDREN] = with_outcome
             dependencies.follow_up(with_outcome, using=using)
             return
-        settled = dependencies.settle_without_waiting([message.pk], using=using)
+        settled = dependencies.settle_without_waiting([message.pk], using=using, model=model)
     except DB_ERRORS:
         logger.warning(
             "could not release the messages waiting for %s; the sweep will",

@@ -1,0 +1,313 @@
+"""Rows of ``QueueFields`` models in workflows (``store/row_steps.py``): as parents
+(``enqueue(..., after=[row])``) and as steps (``row.schedule(after=[...])``).
+
+Real workers (in-process, ``--burst``) or ``run_pending`` on the test's
+database: PostgreSQL, SQLite or MariaDB, whichever ``DATABASE_URL`` names.
+"""
+
+from datetime import timedelta
+
+import hypothesis
+import pytest
+from django.db import transaction
+from hypothesis import strategies as st
+
+from django_delayq import enqueue, operations
+from django_delayq.models import Dependency, Message
+from django_delayq.store import dependencies, row_steps
+from django_delayq.testing import run_pending
+from django_delayq.worker.execute import Result
+from tests.testapp.models import Execution, Shipment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUES = ["steps", "shipments"]
+
+
+def fresh(obj):
+    obj.refresh_from_db()
+    return obj
+
+
+def message(result):
+    return Message.objects.get(pk=result.message.pk)
+
+
+def stand_in(shipment):
+    return Message.objects.get(queue="delayq.row:testapp.shipment", key=str(shipment.pk))
+
+
+def started(obj):
+    """When the handler of a message (or a Shipment row) first started."""
+    queue = "shipments" if isinstance(obj, Shipment) else obj.queue
+    return Execution.objects.filter(message_id=obj.pk, queue=queue).order_by("started")[0].started
+
+
+def finished(obj):
+    """When a message or a row finished (a row: its stand-in's end)."""
+    return stand_in(obj).finished_at if isinstance(obj, Shipment) else obj.finished_at
+
+
+def test_a_message_after_a_row_runs_once_the_row_succeeded(run_worker):
+    shipment = Shipment.objects.create(reference="parcel")
+    with transaction.atomic():
+        shipment.schedule()
+        child = enqueue("steps", {}, after=[shipment])
+    assert message(child).waiting_for_parents
+    assert stand_in(shipment).status == "pending"
+    stats = run_worker(QUEUES)
+    assert stats[Result.SUCCEEDED] == 2
+    assert fresh(shipment).status == "succeeded" and stand_in(shipment).status == "succeeded"
+    assert message(child).status == "succeeded"
+    assert started(message(child)) >= fresh(shipment).shipped_at
+    parent = message(child).parents()[0]
+    assert row_steps.row_of(parent) == shipment
+    assert message(child).parent_results == [None]
+
+
+def test_a_row_after_a_message_waits_then_runs_at_its_delay(run_worker):
+    parent = enqueue("steps", {}, key="charge")
+    shipment = Shipment.objects.create(reference="parcel")
+    shipment.schedule(after=[parent])
+    assert fresh(shipment).status == "pending" and fresh(shipment).next_attempt_time is None
+    assert stand_in(shipment).waiting_for_parents
+    run_worker(QUEUES)
+    assert fresh(shipment).status == "succeeded"
+    assert started(shipment) >= message(parent).finished_at
+    # Its stand-in ends with it, not when it was released.
+    assert stand_in(shipment).status == "succeeded"
+    # run_at/delay count from the release.
+    later = Shipment.objects.create(reference="later")
+    later.schedule(after=[parent], delay=3600)
+    assert fresh(later).next_attempt_time is not None
+    assert fresh(later).next_attempt_time > message(parent).finished_at + timedelta(minutes=59)
+
+
+def test_a_mixed_chain_of_rows_and_messages_runs_in_order(run_worker):
+    first, second = Shipment.objects.create(reference="a"), Shipment.objects.create(reference="b")
+    with transaction.atomic():
+        a = enqueue("steps", {}, key="a")
+        first.schedule(after=[a])
+        b = enqueue("steps", {}, key="b", after=[first])
+        second.schedule(after=[b, first])
+        c = enqueue("steps", {}, key="c", after=[second])
+    run_worker(QUEUES)
+    chain = [message(a), fresh(first), message(b), fresh(second), message(c)]
+    assert [step.status for step in chain] == ["succeeded"] * 5
+    for parent, child in zip(chain, chain[1:], strict=False):
+        assert finished(parent) <= started(child)
+    assert not dependencies.settle(using="default")
+
+
+def test_a_failed_row_cancels_what_waits_for_it_and_its_retry_reopens_them(run_worker):
+    shipment = Shipment.objects.create(reference="broken", fail=1, max_attempts=1)
+    shipment.schedule()
+    child = enqueue("steps", {}, after=[shipment])
+    grandchild = Shipment.objects.create(reference="next")
+    grandchild.schedule(after=[child])
+    run_worker(QUEUES)
+    assert fresh(shipment).status == "failed"
+    assert message(child).status == "cancelled"
+    assert f"delayq.row:testapp.shipment/{shipment.pk}" in message(child).last_error
+    # The row after the cancelled message is cancelled too, with its error.
+    assert fresh(grandchild).status == "cancelled"
+    assert "ended cancelled" in fresh(grandchild).last_error
+    assert not Execution.objects.filter(message_id=grandchild.pk, queue="shipments").exists()
+
+    Shipment.objects.filter(pk=shipment.pk).update(fail=0)
+    operations.retry_failed(Shipment.objects.filter(pk=shipment.pk))
+    assert message(child).status == "pending" and message(child).waiting_for_parents
+    assert fresh(grandchild).status == "pending" and fresh(grandchild).next_attempt_time is None
+    run_worker(QUEUES)
+    assert [fresh(shipment).status, message(child).status, fresh(grandchild).status] == [
+        "succeeded"
+    ] * 3
+
+
+def test_a_row_that_finished_already_lets_its_child_go_at_once():
+    done = Shipment.objects.create(reference="done")
+    Shipment.objects.filter(pk=done.pk).update(status="succeeded")
+    child = enqueue("steps", {}, after=[done])
+    assert message(child).next_attempt_time is not None
+    assert stand_in(done).status == "succeeded"
+
+
+def test_a_row_queued_again_after_it_finished_makes_new_children_wait():
+    shipment = Shipment.objects.create(reference="again")
+    shipment.schedule()
+    run_pending(QUEUES)
+    first = enqueue("steps", {}, after=[shipment])
+    assert message(first).next_attempt_time is not None
+    fresh(shipment).schedule()
+    assert stand_in(shipment).status == "pending"
+    second = enqueue("steps", {}, after=[shipment])
+    assert message(second).waiting_for_parents
+
+
+def test_the_sweep_ends_a_stand_in_whose_row_ended_without_its_worker():
+    shipment = Shipment.objects.create(reference="crash")
+    shipment.schedule()
+    child = enqueue("steps", {}, after=[shipment])
+    # The row's outcome committed, and its worker died before the follow-up.
+    Shipment.objects.filter(pk=shipment.pk).update(status="succeeded", next_attempt_time=None)
+    assert message(child).waiting_for_parents
+    settled = dependencies.settle(using="default")
+    assert settled.released == [child.message.pk]
+    assert stand_in(shipment).status == "succeeded"
+
+
+def test_the_sweep_schedules_a_released_row_its_worker_did_not():
+    parent = enqueue("steps", {})
+    shipment = Shipment.objects.create(reference="released")
+    shipment.schedule(after=[parent])
+    # The release committed (the stand-in due), and its worker died before the row
+    # was scheduled.
+    Message.objects.filter(pk=parent.message.pk).update(status="succeeded")
+    Dependency.objects.filter(parent_id=parent.message.pk).update(parent_ended="succeeded")
+    Message.objects.filter(pk=stand_in(shipment).pk).update(
+        parents_waiting=0, next_attempt_time=stand_in(shipment).scheduled_time
+    )
+    assert fresh(shipment).next_attempt_time is None
+    dependencies.settle(using="default")
+    assert fresh(shipment).next_attempt_time is not None
+    assert stand_in(shipment).next_attempt_time is None
+
+
+def test_deleting_a_row_lets_what_waits_for_it_go():
+    shipment = Shipment.objects.create(reference="gone")
+    child = enqueue("steps", {}, after=[shipment])
+    other = Shipment.objects.create(reference="deleted by an operator")
+    second = enqueue("steps", {}, after=[other])
+    Shipment.objects.filter(pk=shipment.pk).delete()
+    dependencies.settle(using="default")
+    assert message(child).next_attempt_time is not None
+    assert not Message.objects.filter(queue__startswith="delayq.row:", key=str(shipment.pk))
+    operations.delete(Shipment.objects.filter(pk=other.pk))
+    assert message(second).next_attempt_time is not None
+
+
+def test_an_operator_cancelling_a_row_cancels_its_children():
+    shipment = Shipment.objects.create(reference="cancel me")
+    shipment.schedule(delay=3600)
+    child = enqueue("steps", {}, after=[shipment])
+    operations.cancel(Shipment.objects.filter(pk=shipment.pk))
+    assert message(child).status == "cancelled"
+
+
+def test_bad_row_steps_are_refused_before_anything_is_written():
+    parent = enqueue("steps", {})
+    unsaved = Shipment(reference="never saved")
+    with pytest.raises(ValueError, match="never saved"):
+        enqueue("steps", {}, after=[unsaved])
+    shipment = Shipment.objects.create(reference="once")
+    shipment.schedule(after=[parent])
+    with pytest.raises(ValueError, match="step already"):
+        shipment.schedule(after=[parent])
+    with pytest.raises(ValueError, match="on_parent_failure"):
+        Shipment.objects.create(reference="x").schedule(after=[parent], on_parent_failure="no")
+    with pytest.raises(ValueError, match="save=False"):
+        shipment.schedule(after=[parent], save=False)
+    with pytest.raises(ValueError, match="delayq.row:"):
+        enqueue("delayq.row:testapp.shipment", {})
+    assert Message.objects.count() == 2  # the parent and the one stand-in
+
+
+def test_a_queryset_of_rows_becomes_steps_in_one_call(run_worker):
+    parent = enqueue("steps", {})
+    rows = [Shipment.objects.create(reference=f"r{i}") for i in range(5)]
+    made = Shipment.objects.filter(pk__in=[r.pk for r in rows]).schedule(after=[parent])
+    assert made == 5
+    assert all(fresh(r).next_attempt_time is None for r in rows)
+    run_worker(QUEUES, concurrency=3)
+    assert all(fresh(r).status == "succeeded" for r in rows)
+    assert all(started(r) >= message(parent).finished_at for r in rows)
+
+
+# -- the class: any graph of rows and messages ------------------------------------------
+
+
+@st.composite
+def mixed_graphs(draw):
+    """A random workflow of messages and rows: each step's parents among the earlier
+    ones, its policy, whether it is a row, and whether its handler fails."""
+    size = draw(st.integers(2, 7))
+    steps = []
+    for i in range(size):
+        parents = draw(st.lists(st.integers(0, i - 1), unique=True, max_size=3)) if i else []
+        steps.append(
+            {
+                "parents": parents,
+                "policy": draw(st.sampled_from(["cancel", "wait", "run"])),
+                "row": draw(st.booleans()),
+                "fails": draw(st.booleans()),
+            }
+        )
+    return steps
+
+
+def expected_statuses(steps):
+    status = []
+    for step in steps:
+        ended = [status[p] for p in step["parents"]]
+        failed = any(s in ("failed", "cancelled") for s in ended)
+        waiting = any(s == "pending" for s in ended)
+        if failed and step["policy"] == "cancel":
+            status.append("cancelled")
+        elif waiting or (failed and step["policy"] == "wait"):
+            status.append("pending")
+        else:
+            status.append("failed" if step["fails"] else "succeeded")
+    return status
+
+
+@hypothesis.settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
+)
+@hypothesis.given(steps=mixed_graphs())
+def test_any_graph_of_rows_and_messages_ends_as_its_rules_say(steps):
+    Dependency.objects.all().delete()
+    Message.objects.all().delete()
+    Shipment.objects.all().delete()
+    Execution.objects.all().delete()
+    made: list = []
+    with transaction.atomic():
+        for i, step in enumerate(steps):
+            after = [made[p] for p in step["parents"]] or None
+            if step["row"]:
+                row = Shipment.objects.create(
+                    reference=f"s{i}", fail=1 if step["fails"] else 0, max_attempts=1
+                )
+                if after:
+                    row.schedule(after=after, on_parent_failure=step["policy"])
+                else:
+                    row.schedule()
+                made.append(row)
+            else:
+                payload = {"fail": 5} if step["fails"] else {"echo": i}
+                made.append(
+                    enqueue(
+                        "steps", payload, key=f"s{i}", after=after, on_parent_failure=step["policy"]
+                    ).message
+                )
+    run_pending(QUEUES)
+    ended = [fresh(step) for step in made]
+    assert [s.status for s in ended] == expected_statuses(steps)
+    for step, obj in zip(steps, ended, strict=True):
+        queue = "shipments" if step["row"] else "steps"
+        ran = Execution.objects.filter(message_id=obj.pk, queue=queue)
+        if obj.status in ("pending", "cancelled"):
+            assert not ran.exists(), "a step ran that its parents held back"
+            assert obj.next_attempt_time is None
+            continue
+        first = ran.order_by("started")[0].started
+        for p in step["parents"]:
+            assert finished(ended[p]) <= first, "a step started before its parent finished"
+    # A row in the graph (a parent or a step: it has a stand-in) shows its end on
+    # its stand-in; nothing is left for the sweep.
+    named = {p for step in steps for p in step["parents"]}
+    for i, (step, obj) in enumerate(zip(steps, ended, strict=True)):
+        if step["row"] and (step["parents"] or i in named) and obj.status != "pending":
+            assert stand_in(obj).status == obj.status
+    assert not dependencies.settle(using="default")
