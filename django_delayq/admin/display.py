@@ -264,6 +264,32 @@ class MessageDisplayAdmin(admin.ModelAdmin):
         when = local_time(obj.next_attempt_time)
         return format_html("{} ({})", when, describe_due(obj))
 
+    @admin.display(description=gettext_lazy("stands for"))
+    def row_display(self, obj: Message) -> SafeString | str:
+        """A stand-in's row (``store/row_steps.py``), linked to its own admin page."""
+        from django_delayq.store.row_steps import model_for, row_of
+
+        model = model_for(obj.queue)
+        if model is None:
+            return self.get_empty_value_display()
+        row = row_of(obj)
+        if row is None:
+            return _("%(model)s %(key)s (deleted)") % {
+                "model": model._meta.verbose_name,
+                "key": obj.key,
+            }
+        text = f"{model._meta.verbose_name} {row}"
+        if model in self.admin_site._registry:
+            opts = model._meta
+            url = reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
+                args=[quote(row.pk)],
+            )
+            return format_html(
+                '<a href="{}">{}</a> <small>{}</small>', url, text, _("(its status is this one's)")
+            )
+        return text
+
     @admin.display(description=gettext_lazy("result"))
     def result_display(self, obj: Message) -> SafeString | str:
         if obj.result is None:

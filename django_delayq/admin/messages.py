@@ -60,7 +60,7 @@ from django_delayq.admin.filters import (
 )
 from django_delayq.admin.forms import KIND_LOCKED, MessageForm
 from django_delayq.admin.payload import UndecodablePayload, load_deep_payload
-from django_delayq.models import Message
+from django_delayq.models import STAND_IN_PREFIX, Message
 from django_delayq.store import operators
 
 if TYPE_CHECKING:
@@ -143,7 +143,13 @@ TIMELINE = (
 
 
 # A workflow's step: its result, parents and children (shown when it has any).
-WORKFLOW = ("result_display", "parents_display", "children_display", "workflow_link")
+WORKFLOW = (
+    "row_display",
+    "result_display",
+    "parents_display",
+    "children_display",
+    "workflow_link",
+)
 
 
 @admin.register(Message)
@@ -233,7 +239,9 @@ class MessageAdmin(MessageDisplayAdmin):
         if obj is not None and (
             obj.on_parent_failure or obj.has_children or obj.result is not None
         ):
-            fieldsets.insert(2, (gettext_lazy("Workflow"), {"fields": WORKFLOW}))
+            # "stands for" only on a row's stand-in (store/row_steps.py).
+            fields = WORKFLOW if obj.queue.startswith(STAND_IN_PREFIX) else WORKFLOW[1:]
+            fieldsets.insert(2, (gettext_lazy("Workflow"), {"fields": fields}))
         undecodable = obj is not None and isinstance(obj.payload, UndecodablePayload)
         if self.has_change_permission(request, obj) and not undecodable:
             return fieldsets

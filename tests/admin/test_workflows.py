@@ -158,3 +158,21 @@ def test_a_message_claimed_as_its_delete_is_confirmed_is_left_alone_and_said_so(
     assert Message.objects.filter(pk=message.pk, status="running").exists()
     html = response.content.decode()
     assert "was not deleted: running" in html and "deleted successfully" not in html
+
+
+def test_a_rows_stand_in_links_to_the_row_and_its_status_follows_the_rows(admin_client):
+    from tests.testapp.models import Shipment
+
+    shipment = Shipment.objects.create(reference="parcel 7")
+    shipment.schedule()
+    child = enqueue("steps", {}, after=[shipment])
+    stand_in = child.message.parents()[0]
+    html = admin_client.get(change_url(stand_in.pk)).content.decode()
+    row_url = reverse("admin:testapp_shipment_change", args=[shipment.pk])
+    assert "Stands for" in html and f'href="{row_url}"' in html and "parcel 7" in html
+    # A message that stands for no row has no such line.
+    assert "Stands for" not in admin_client.get(change_url(child.message.pk)).content.decode()
+    run_pending(["shipments", "steps"])
+    assert Message.objects.get(pk=stand_in.pk).status == "succeeded"
+    Shipment.objects.filter(pk=shipment.pk).delete()
+    assert "(deleted)" in admin_client.get(change_url(stand_in.pk)).content.decode()

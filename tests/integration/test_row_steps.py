@@ -311,3 +311,18 @@ def test_any_graph_of_rows_and_messages_ends_as_its_rules_say(steps):
         if step["row"] and (step["parents"] or i in named) and obj.status != "pending":
             assert stand_in(obj).status == obj.status
     assert not dependencies.settle(using="default")
+
+
+def test_the_worker_hands_each_row_on_itself_without_the_sweep(run_worker, monkeypatch):
+    """The worker that ends a row ends its stand-in and releases what waits for it, and
+    the release of a row's stand-in schedules the row: the sweep is a safety net only."""
+    monkeypatch.setattr(row_steps, "sweep", lambda alias: [])
+    first, second = Shipment.objects.create(reference="a"), Shipment.objects.create(reference="b")
+    with transaction.atomic():
+        a = enqueue("steps", {}, key="a")
+        first.schedule(after=[a])
+        b = enqueue("steps", {}, key="b", after=[first])
+        second.schedule(after=[b])
+    run_worker(QUEUES)
+    assert [fresh(first).status, message(b).status, fresh(second).status] == ["succeeded"] * 3
+    assert stand_in(second).status == "succeeded"

@@ -13,6 +13,7 @@ from django_delayq import durations
 from django_delayq.flowstats import QueueFlow, ScopeFlow, flow_stats
 from django_delayq.liveness import held_by, workers
 from django_delayq.management import arguments
+from django_delayq.models import STAND_IN_PREFIX
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
 from django_delayq.stats import queue_stats
@@ -38,6 +39,10 @@ NO_HANDLER_NOTE = (
     f"{NO_HANDLER}: no handler in this project consumes the queue; "
     "run_delayq here leaves its messages waiting"
 )
+
+# The state of the queue of a QueueFields model's rows in workflows: each message
+# stands for a row (store/row_steps.py), pending until the row ends.
+ROWS = "rows in workflows"
 
 # Flow control, for the queues above that have global limits or ordered groups
 # in use: a row per queue ("-": no limit of its own) and one per limited kind
@@ -123,6 +128,9 @@ class Command(BaseCommand):
             text = "paused" if queue in paused else "active"
             if queue in throttled:
                 text += ", throttled"
+            if queue.startswith(STAND_IN_PREFIX):
+                # No worker consumes it: its messages stand for rows in workflows.
+                return ROWS
             return text if queue in handled else f"{text}, {NO_HANDLER}"
 
         rows = [
