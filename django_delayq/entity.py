@@ -231,6 +231,19 @@ class QueueFields(QueueColumns):
                 row_steps.queued_again(model, [self.pk], alias)
 
 
+def row_of(message: Any) -> models.Model | None:
+    """The row a workflow parent stands for, or None (any other message, or a row gone).
+
+    A ``QueueFields`` row in a workflow is a message of its own queue there,
+    its stand-in: ``message.parents()`` gives it, and this reads the row.
+    """
+    from django_delayq.enqueuing import EnqueueResult
+
+    if isinstance(message, EnqueueResult):
+        message = message.message
+    return row_steps.row_of(message)
+
+
 class RowHeld(DelayQError):
     """``schedule()`` of a row that a worker holds (or that no longer exists)."""
 
@@ -263,4 +276,5 @@ __all__ = [
     "claim_index",
     "is_queue_model",
     "queue_of",
+    "row_of",
 ]

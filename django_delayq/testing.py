@@ -52,7 +52,7 @@ from django_delayq import clock, signals
 from django_delayq.conf import get_config, to_timedelta
 from django_delayq.exceptions import Discard
 from django_delayq.models import Message
-from django_delayq.routers import queue_alias
+from django_delayq.routers import model_alias, queue_alias
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -358,8 +358,10 @@ class DelayQ:
 
         Delayed messages and every retry run, as if the test waited for
         them: a message that keeps failing ends ``failed`` after its
-        ``max_attempts``. Returns every attempt, in order.
+        ``max_attempts``. The rows of ``QueueFields`` models those queues
+        consume run so too. Returns every attempt, in order.
         """
+        from django_delayq.registry import registry
         from django_delayq.worker import resolve_queues
 
         queues = resolve_queues(_queues(queue))
@@ -372,6 +374,15 @@ class DelayQ:
                 .filter(status=Message.Status.PENDING, queue__in=queues)
                 .aggregate(t=Min("next_attempt_time"))["t"]
             )
+            # The rows of the QueueFields models those queues consume, too.
+            for model in {s.model for q in queues for s in registry.for_queue(q) if s.model}:
+                due = (
+                    model._base_manager.using(model_alias(model, self.using, read=True))
+                    .filter(status=Message.Status.PENDING)
+                    .aggregate(t=Min("next_attempt_time"))["t"]
+                )
+                if due is not None and (upcoming is None or due < upcoming):
+                    upcoming = due
             if upcoming is None:
                 return attempts
             if len(attempts) >= limit:

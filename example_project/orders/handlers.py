@@ -11,6 +11,7 @@ import logging
 from decimal import Decimal
 
 from django_delayq import Discard, Retry, handler, tick_of
+from django_delayq.entity import row_of
 from django_delayq.models import Message
 from orders.models import Order, Shipment
 from orders.services import order_shipped
@@ -128,6 +129,18 @@ def report_total(message: Message) -> dict[str, object]:
     total = sum(Decimal(line["total"]) for line in lines)
     logger.info("sales report: %d orders, %s in total", len(lines), total)
     return {"orders": len(lines), "total": str(total)}
+
+
+@handler("reports", kind="report.shipping")
+def report_shipping(message: Message) -> dict[str, object]:
+    """The shipping summary, enqueued ``after=`` the ``Shipment`` rows with
+    ``on_parent_failure="run"``: it runs once every shipment is booked or has
+    failed. Its parents stand for the rows; ``row_of`` reads each one."""
+    rows = [row_of(parent) for parent in message.parents()]
+    booked = [row for row in rows if isinstance(row, Shipment) and row.tracking_number]
+    failed = len(rows) - len(booked)
+    logger.info("shipping summary: %d booked, %d failed", len(booked), failed)
+    return {"booked": len(booked), "failed": failed}
 
 
 @handler("ops")

@@ -156,3 +156,23 @@ def test_the_sales_report_totals_its_lines_after_they_all_ran(delayq):
     # What a script waiting for the report gets (a worker runs it there; here
     # it already ran): its result. On PostgreSQL a notification wakes the wait.
     assert wait(report, timeout=5) == {"orders": 2, "total": "42.00"}
+
+
+def test_the_shipping_summary_waits_for_every_shipment_row_booked_or_failed(delayq):
+    from django_delayq.models import Message
+    from orders.models import Shipment
+
+    good = place_order("ship@example.com", "10.00").order
+    bad = place_order("lost@fail.example", "12.00").order
+    rows = [Shipment(order=good, address="1 Main Street"), Shipment(order=bad, address="Nowhere")]
+    for row in rows:
+        row.schedule()
+    summary = enqueue(
+        "reports", kind="report.shipping", after=rows, on_parent_failure="run"
+    ).message
+    assert Message.objects.get(pk=summary.pk).waiting_for_parents
+
+    delayq.run_all(["shipments", "reports"])
+
+    assert [Shipment.objects.get(pk=r.pk).status for r in rows] == ["succeeded", "failed"]
+    assert Message.objects.get(pk=summary.pk).result == {"booked": 1, "failed": 1}

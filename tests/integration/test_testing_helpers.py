@@ -205,3 +205,15 @@ class UnittestStyleTests(TestCase):
         self.delayq.advance(60)
         [attempt] = self.delayq.run_pending("default")
         self.assertEqual(attempt.result, "succeeded")
+
+
+@pytest.mark.django_db
+def test_run_all_runs_the_retries_of_queue_rows_too(delayq):
+    from tests.testapp.models import Shipment
+
+    shipment = Shipment.objects.create(reference="twice", fail=1)
+    shipment.schedule()
+    attempts = delayq.run_all("shipments")
+    shipment.refresh_from_db()
+    assert [a.result for a in attempts] == ["retrying", "succeeded"]
+    assert shipment.status == "succeeded" and shipment.attempt_count == 2

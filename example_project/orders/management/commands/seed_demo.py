@@ -6,8 +6,9 @@ transaction (and gone together on rollback), delayed delivery, a batch with
 Django's Tasks framework (``orders/tasks.py``) enqueued through DelayQBackend,
 shipments whose rows are their own queue messages (``QueueFields``), each
 order's events in an ordered group, a rate-limited emails queue, an
-``async def`` handler's queue (the partner's API), and a workflow (a report
-step per order, then a total enqueued ``after=`` them).
+``async def`` handler's queue (the partner's API), and workflows (a report
+step per order, then a total enqueued ``after=`` them; a shipping summary
+``after=`` the shipment rows).
 """
 
 from __future__ import annotations
@@ -164,6 +165,19 @@ class Command(BaseCommand):
             shipment = Shipment(order=order, address=address)
             shipment.schedule(delay=SHIPMENT_DELAY)  # saves it; NOTIFY on PostgreSQL
             out(f"  shipment #{shipment.pk} of order #{order.pk} to {address!r}: {shipment.status}")
+        shipments = list(Shipment.objects.order_by("pk"))
+        summary = enqueue(
+            "reports",
+            key="report-shipping",
+            kind="report.shipping",
+            after=shipments,  # rows as workflow parents
+            on_parent_failure="run",
+        )
+        out(
+            f"  {summary.message.key} after=[the {len(shipments)} shipment rows], "
+            'on_parent_failure="run": once every\n  shipment is booked or has failed, it '
+            "counts them (row_of(parent) reads each row)."
+        )
 
         out(
             f"Seeded {Order.objects.count()} orders, {Message.objects.count()} messages and "
