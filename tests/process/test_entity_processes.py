@@ -99,3 +99,51 @@ def test_sigterm_finishes_the_running_row_and_gives_back_the_rest(spawn_worker):
     unstarted = Shipment.objects.filter(status="pending")
     assert unstarted.exists()
     assert set(unstarted.values_list("attempt_count", flat=True)) == {0}
+
+
+def test_a_fan_in_of_rows_across_processes_releases_its_child_once_after_them(spawn_worker):
+    """Rows as workflow parents (their stand-ins): 200 shipments shared by three
+    processes, then one message after all of them, then a row after that message.
+    The message runs once, after the last row's end; the row after it, once, after it."""
+    from django_delayq import enqueue
+    from django_delayq.models import Message
+
+    workers = [
+        spawn_worker("--queue", "shipments", "--queue", "steps", "--concurrency", "2")
+        for _ in range(3)
+    ]
+    pids = {w.pid for w in workers}
+    wait_for(
+        lambda: WorkerState.objects.filter(pid__in=pids).count() == 3,
+        timeout=60,
+        message="the three workers to start",
+    )
+    Shipment.objects.bulk_create(Shipment(reference=f"p-{i}", sleep=0.01) for i in range(200))
+    parents = list(Shipment.objects.order_by("pk"))
+    last = Shipment.objects.create(reference="after the report")
+    from django.db import transaction
+
+    with transaction.atomic():
+        Shipment.objects.filter(pk__in=[p.pk for p in parents]).schedule()
+        report = enqueue("steps", {}, key="report", after=parents).message
+        last.schedule(after=[report])
+    wait_for(
+        lambda: Shipment.objects.get(pk=last.pk).status == "succeeded",
+        timeout=180,
+        message="the row after the report to succeed",
+    )
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    assert [w.wait() for w in workers] == [0, 0, 0]
+    report = Message.objects.get(pk=report.pk)
+    assert report.status == "succeeded"
+    runs = Execution.objects.filter(message_id=report.pk, queue="steps")
+    assert runs.count() == 1, "the fan-in child ran more than once"
+    last_parent = max(
+        Execution.objects.filter(
+            queue="shipments", message_id__in=[p.pk for p in parents]
+        ).values_list("started", flat=True)
+    )
+    assert runs.get().started > last_parent
+    row_runs = Execution.objects.filter(queue="shipments", message_id=last.pk)
+    assert row_runs.count() == 1 and row_runs.get().started >= report.finished_at
