@@ -10,10 +10,11 @@ from datetime import timedelta
 import hypothesis
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from hypothesis import strategies as st
 
 from django_delayq import enqueue, operations
-from django_delayq.entity import row_of
+from django_delayq.entity import RowHeld, row_of
 from django_delayq.models import Dependency, Message
 from django_delayq.store import dependencies, row_steps
 from django_delayq.testing import run_pending
@@ -210,6 +211,12 @@ def test_bad_row_steps_are_refused_before_anything_is_written():
         shipment.schedule(after=[parent], save=False)
     with pytest.raises(ValueError, match="delayq.row:"):
         enqueue("delayq.row:testapp.shipment", {})
+    running = Shipment.objects.create(reference="running")
+    Shipment.objects.filter(pk=running.pk).update(
+        status="running", next_attempt_time=timezone.now() + timedelta(minutes=5)
+    )
+    with pytest.raises(RowHeld):
+        fresh(running).schedule(after=[parent])
     assert Message.objects.count() == 2  # the parent and the one stand-in
 
 
