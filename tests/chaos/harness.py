@@ -529,7 +529,10 @@ def check(run: Run, elapsed: float) -> Figures:
         "atomic messages without exactly one effect", len(not_once), f"e.g. {not_once[:5]}"
     )
 
-    # Workflows: each child ran only after every parent's successful run ended.
+    # Workflows: each child ran only after every parent's successful run ended. The
+    # successful run is the parent's last attempt: an earlier one that outlived its
+    # time limit may end later still (its late end counts for nothing), and a
+    # child that starts between the two is no violation.
     from django_delayq.models import Dependency
 
     edges = list(
@@ -538,7 +541,12 @@ def check(run: Run, elapsed: float) -> Figures:
     children = {child for _, child in edges}
     before = set()
     for parent, child in edges:
-        finished = [e["finished"] for e in runs.get(parent, []) if e["finished"] is not None]
+        last = by_id.get(parent, {}).get("attempt_count")
+        finished = [
+            e["finished"]
+            for e in runs.get(parent, [])
+            if e["finished"] is not None and e["attempt"] == last
+        ]
         if not finished or by_id.get(parent, {}).get("status") != "succeeded":
             if runs.get(child):
                 before.add(child)
