@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.apps import apps
@@ -45,20 +45,22 @@ from django.db.models.functions import Cast
 from django_delayq import clock
 from django_delayq.models import STAND_IN_PREFIX, Message, QueueColumns
 from django_delayq.routers import model_alias
-from django_delayq.status import FINISHED, Status
+from django_delayq.status import ACTIVE, FINISHED, Status
 from django_delayq.store import dependencies
-from django_delayq.store.columns import batches
+from django_delayq.store.columns import batches, rows_with_literals
 from django_delayq.store.wakeup import notify
 
 #: The start of every stand-in's queue (``enqueue`` refuses it).
 PREFIX = STAND_IN_PREFIX
 
-#: How long the sweep looks back for stand-ins cancelled by their parents whose
-#: row was not cancelled with them (a worker that died in between).
-CANCELLED_LOOK_BACK = timedelta(hours=1)
-
 #: How long "this model has no stand-in" is believed before it is read again.
 ABSENT_FOR = 1.0
+#: How long "this model has stand-ins" is believed before it is read again.
+PRESENT_FOR = 60.0
+#: How often the sweep looks for rows still waiting whose stand-in was cancelled
+#: (a worker that died between the two): a read of every stand-in of the model,
+#: where the rest of the sweep reads only those still pending.
+CANCELLED_EVERY = 600.0
 
 _INTEGER_KEYS = (models.AutoField, models.BigAutoField, models.SmallAutoField, models.IntegerField)
 
@@ -114,9 +116,8 @@ def _rows(model: type[models.Model], alias: str) -> QuerySet[Any]:
 
 # -- whether a model has stand-ins -------------------------------------------------------
 
-# (model, alias): True once a stand-in was seen (it stays true), or the monotonic
-# time "none" was read.
-_known: dict[tuple[type[models.Model], str], bool | float] = {}
+# (model, alias): whether a stand-in was there, and when that was read (monotonic).
+_known: dict[tuple[type[models.Model], str], tuple[bool, float]] = {}
 
 
 def in_use(model: type[models.Model], alias: str) -> bool:
@@ -125,20 +126,21 @@ def in_use(model: type[models.Model], alias: str) -> bool:
     Asked after every outcome of a row, so it is read at most once per
     :data:`ABSENT_FOR` while there is none; a stand-in created meanwhile by
     another process is seen by then, and what its row's end left undone in
-    that time, the sweep does.
+    that time, the sweep does. Once there are some, it is read again every
+    :data:`PRESENT_FOR` (retention may have pruned them all).
     """
     seen = _known.get((model, alias))
-    if seen is True:
-        return True
-    if isinstance(seen, float) and time.monotonic() - seen < ABSENT_FOR:
-        return False
+    if seen is not None:
+        found, at = seen
+        if time.monotonic() - at < (PRESENT_FOR if found else ABSENT_FOR):
+            return found
     found = _stand_ins(model, alias).exists()
-    _known[(model, alias)] = True if found else time.monotonic()
+    _known[(model, alias)] = (found, time.monotonic())
     return found
 
 
 def _seen(model: type[models.Model], alias: str) -> None:
-    _known[(model, alias)] = True
+    _known[(model, alias)] = (True, time.monotonic())
 
 
 # -- a row named in after= ---------------------------------------------------------------
@@ -427,28 +429,46 @@ def sweep(alias: str) -> list[int]:
     return ended
 
 
+# (model, alias): when the sweep last looked for cancelled stand-ins (monotonic).
+_cancelled_read: dict[tuple[type[models.Model], str], float] = {}
+
+
 def _sweep_model(model: type[models.Model], alias: str) -> list[int]:
+    """One model's part of :func:`sweep`. Its reads name their statuses as literals
+    (``rows_with_literals``): SQLite uses a partial index only so, and without one
+    each read went through every stand-in of the model."""
     stand_ins = _stand_ins(model, alias)
-    rows = _rows(model, alias)
-    row = rows.filter(pk=_key_ref(model))
-    pending = stand_ins.filter(status=Status.PENDING)
+    row = _rows(model, alias).filter(pk=_key_ref(model))
+    # Held, as a stand-in is but between its release and its row's schedule
+    # (those are followed below, and held again): delayq_held_idx.
+    held = stand_ins.filter(status=Status.PENDING, next_attempt_time__isnull=True)
     ended: list[int] = []
     for status in FINISHED:
-        ids = list(pending.filter(Exists(row.filter(status=status))).values_list("pk", flat=True))
+        found = held.filter(Exists(row.filter(status=status))).values_list("pk")
+        ids = [pk for (pk,) in rows_with_literals(found, alias)]
         if ids:
             _end(ids, status, alias)
             ended += ids
-    gone = list(pending.exclude(Exists(row)).values_list("pk", flat=True))
+    gone = [pk for (pk,) in rows_with_literals(held.exclude(Exists(row)).values_list("pk"), alias)]
     if gone:
         _forget(gone, alias)
-    released = pending.filter(next_attempt_time__isnull=False).values_list("pk", flat=True)
-    since = clock.now() - CANCELLED_LOOK_BACK
-    cancelled = stand_ins.filter(
-        status=Status.CANCELLED,
-        finished_at__gte=since,
-        on_parent_failure="cancel",
-    ).filter(Exists(row.filter(status=Status.PENDING, next_attempt_time__isnull=True)))
-    follow(alias, [*released, *cancelled.values_list("pk", flat=True)])
+    # Released and not yet followed: due, in a queue no worker claims from.
+    due = stand_ins.filter(status__in=list(ACTIVE), next_attempt_time__isnull=False)
+    released = [
+        pk
+        for pk, status in rows_with_literals(due.values_list("pk", "status"), alias)
+        if status == Status.PENDING
+    ]
+    cancelled: list[int] = []
+    now = time.monotonic()
+    if now - _cancelled_read.get((model, alias), float("-inf")) >= CANCELLED_EVERY:
+        _cancelled_read[(model, alias)] = now
+        waiting_row = row.filter(status=Status.PENDING, next_attempt_time__isnull=True)
+        still = stand_ins.filter(status=Status.CANCELLED, on_parent_failure="cancel").filter(
+            Exists(waiting_row)
+        )
+        cancelled = [pk for (pk,) in rows_with_literals(still.values_list("pk"), alias)]
+    follow(alias, [*released, *cancelled])
     return ended
 
 

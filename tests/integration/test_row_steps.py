@@ -175,6 +175,23 @@ def test_the_sweep_schedules_a_released_row_its_worker_did_not():
     assert stand_in(shipment).next_attempt_time is None
 
 
+def test_the_sweep_cancels_a_waiting_row_whose_stand_in_was_cancelled_without_it():
+    parent = enqueue("steps", {})
+    shipment = Shipment.objects.create(reference="cancelled")
+    shipment.schedule(after=[parent])
+    # The parent failed and its release cancelled the stand-in, and the worker died
+    # before the row was cancelled with it.
+    Message.objects.filter(pk=parent.message.pk).update(status="failed")
+    Dependency.objects.filter(parent_id=parent.message.pk).update(parent_ended="failed")
+    Message.objects.filter(pk=stand_in(shipment).pk).update(
+        status="cancelled", last_error="Cancelled: parent steps/x ended failed"
+    )
+    row_steps._cancelled_read.clear()
+    dependencies.settle(using="default")
+    assert fresh(shipment).status == "cancelled"
+    assert fresh(shipment).last_error == "Cancelled: parent steps/x ended failed"
+
+
 def test_deleting_a_row_lets_what_waits_for_it_go():
     shipment = Shipment.objects.create(reference="gone")
     child = enqueue("steps", {}, after=[shipment])

@@ -19,10 +19,11 @@ import pytest
 from django.db import connection, connections
 from django.db.backends.signals import connection_created
 
-from django_delayq import enqueue_many
+from django_delayq import enqueue, enqueue_many
 from django_delayq.models import Message
 from django_delayq.retention import prune
-from django_delayq.store import leases
+from django_delayq.store import dependencies, leases, row_steps
+from tests.testapp.models import Shipment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,6 +33,10 @@ WHOLE_TABLE: dict[str, str] = {
     # unique (queue, key) index searched by queue, but LIMIT 1 stops at its first
     # entry; read at most once a second per model while there is none.
     '"django_delayq_message"."queue" = %s LIMIT 1': "a probe of one row",
+    # The sweep's look for rows still waiting whose stand-in was cancelled (a
+    # worker died between the two): every stand-in of the model, every
+    # row_steps.CANCELLED_EVERY (10 minutes) only.
+    """."on_parent_failure" = 'cancel'""": "a rare look at every stand-in",
 }
 
 
@@ -73,6 +78,10 @@ def test_no_statement_of_a_worker_reads_the_message_table_row_by_row(run_worker)
         capturing = False
         enqueue_many("other", [{} for _ in range(20)])
         Message.objects.filter(queue="other").update(status="succeeded")  # finished rows
+        # A row in a workflow (its stand-in): the sweep's reads of the stand-ins.
+        parent = enqueue("default", {})
+        Shipment.objects.create(reference="step").schedule(after=[parent])
+        row_steps._cancelled_read.clear()
         capturing = True
         run_worker(["default", "other", "limited"], concurrency=4)
         # A dead worker's messages, looked for every heartbeat until it is
@@ -81,10 +90,12 @@ def test_no_statement_of_a_worker_reads_the_message_table_row_by_row(run_worker)
         leases.release_unheld("a-live-worker", list)
         # What a serving worker also runs, every PRUNE_INTERVAL.
         prune()
+        # ... and every HEARTBEAT_INTERVAL (with a row's stand-in to look at).
+        dependencies.settle(using="default", skip_locked=True)
     finally:
         connection_created.disconnect(watch)
         capturing = False
-    assert Message.objects.filter(queue="default", status="succeeded").count() == 450
+    assert Message.objects.filter(queue="default", status="succeeded").count() == 451
 
     reads = [
         (sql, params)
