@@ -279,10 +279,35 @@ def make_steps(
     for chunk in batches(pks):
         found = _ensure(model, chunk, using)
         ids += [found[str(pk)] for pk in chunk]
+    # A message is new when it is given parents, so it cannot be an ancestor of
+    # one; a row's stand-in may be one already (a parent named before).
+    if _reaches(ids, set(parents), using):
+        raise ValueError(
+            f"{model._meta.label}: a row cannot wait for itself or for what waits for it "
+            "(after= would make a cycle)"
+        )
     for chunk in batches(ids):
         Message._base_manager.using(using).filter(pk__in=chunk).update(scheduled_time=when)
     dependencies.attach(ids, parents, policy, using=using)
     return pks
+
+
+def _reaches(start: list[int], targets: set[int], alias: str) -> bool:
+    """Whether any of ``targets`` is one of ``start`` or waits for one, down the graph."""
+    from django_delayq.models import Dependency
+
+    edges = Dependency.objects.using(alias)
+    seen: set[int] = set()
+    frontier = set(start)
+    while frontier:
+        if frontier & targets:
+            return True
+        seen |= frontier
+        following: set[int] = set()
+        for chunk in batches(sorted(frontier)):
+            following.update(edges.filter(parent_id__in=chunk).values_list("child_id", flat=True))
+        frontier = following - seen
+    return False
 
 
 # -- a row ended, or was queued again ------------------------------------------------------

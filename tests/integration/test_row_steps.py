@@ -226,6 +226,17 @@ def test_bad_row_steps_are_refused_before_anything_is_written():
         Shipment.objects.create(reference="x").schedule(after=[parent], on_parent_failure="no")
     with pytest.raises(ValueError, match="save=False"):
         shipment.schedule(after=[parent], save=False)
+    # No cycle: not after itself, nor after what waits for it (its stand-in may be a
+    # parent already, unlike a new message's).
+    alone = Shipment.objects.create(reference="alone")
+    with pytest.raises(ValueError, match="cycle"):
+        alone.schedule(after=[alone])
+    child = enqueue("steps", {}, after=[alone])
+    grandchild = Shipment.objects.create(reference="grandchild")
+    grandchild.schedule(after=[child])
+    with pytest.raises(ValueError, match="cycle"):
+        alone.schedule(after=[grandchild])
+    assert fresh(alone).next_attempt_time is None and stand_in(alone).on_parent_failure == ""
     with pytest.raises(ValueError, match="delayq.row:"):
         enqueue("delayq.row:testapp.shipment", {})
     running = Shipment.objects.create(reference="running")
@@ -234,7 +245,8 @@ def test_bad_row_steps_are_refused_before_anything_is_written():
     )
     with pytest.raises(RowHeld):
         fresh(running).schedule(after=[parent])
-    assert Message.objects.count() == 2  # the parent and the one stand-in
+    # The parent, shipment's stand-in, alone's, its child and grandchild's stand-in.
+    assert Message.objects.count() == 5
 
 
 def test_a_queryset_of_rows_becomes_steps_in_one_call(run_worker):
