@@ -339,16 +339,18 @@ def ended_parents(model: type[models.Model], pks: Collection[Any], alias: str) -
     return ids
 
 
+def _ids_of(model: type[models.Model], pks: list[Any], alias: str, **where: Any) -> list[int]:
+    """The ids of the stand-ins of rows ``pks`` (one batch) matching ``where``."""
+    keys = [str(pk) for pk in pks]
+    return list(_stand_ins(model, alias).filter(key__in=keys, **where).values_list("pk", flat=True))
+
+
 def queued_again(model: type[models.Model], pks: Collection[Any], alias: str) -> None:
     """Rows of ``pks`` that finished were queued again: their stand-ins reopen."""
     if not pks or not in_use(model, alias):
         return
     for chunk in batches(list(pks)):
-        ids = list(
-            _stand_ins(model, alias)
-            .filter(key__in=[str(pk) for pk in chunk], status__in=list(FINISHED))
-            .values_list("pk", flat=True)
-        )
+        ids = _ids_of(model, chunk, alias, status__in=list(FINISHED))
         if ids:
             _reopen(ids, alias)
 
@@ -358,11 +360,7 @@ def deleted(model: type[models.Model], pks: Collection[Any], alias: str) -> None
     if not pks or not in_use(model, alias):
         return
     for chunk in batches(list(pks)):
-        ids = list(
-            _stand_ins(model, alias)
-            .filter(key__in=[str(pk) for pk in chunk])
-            .values_list("pk", flat=True)
-        )
+        ids = _ids_of(model, chunk, alias)
         if ids:
             _forget(ids, alias)
 

@@ -19,6 +19,7 @@ from django_delayq.models import Dependency, Message
 from django_delayq.store import dependencies, row_steps
 from django_delayq.testing import run_pending
 from django_delayq.worker.execute import Result
+from tests.integration.test_workflows import expected_statuses
 from tests.testapp.models import Execution, Shipment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -280,21 +281,6 @@ def mixed_graphs(draw):
             }
         )
     return steps
-
-
-def expected_statuses(steps):
-    status = []
-    for step in steps:
-        ended = [status[p] for p in step["parents"]]
-        failed = any(s in ("failed", "cancelled") for s in ended)
-        waiting = any(s == "pending" for s in ended)
-        if failed and step["policy"] == "cancel":
-            status.append("cancelled")
-        elif waiting or (failed and step["policy"] == "wait"):
-            status.append("pending")
-        else:
-            status.append("failed" if step["fails"] else "succeeded")
-    return status
 
 
 @hypothesis.settings(
