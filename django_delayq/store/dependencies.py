@@ -211,7 +211,7 @@ def settle(
         from django_delayq.store import row_steps
 
         # Rows that ended without their stand-ins: the edges below end with them.
-        row_steps.sweep(alias)
+        row_steps.sweep(alias, skip_locked=skip_locked)
         _end(alias, done, None, None, skip_locked)
     for chunk in batches(sorted(parents or ())):
         _end(alias, done, "parent_id", chunk, skip_locked)
@@ -256,7 +256,7 @@ def settle_without_waiting(
     if model is not Message:
         from django_delayq.store import row_steps
 
-        parents = row_steps.ended_parents(model, parents, db_alias(using))
+        parents = row_steps.ended_parents(model, parents, db_alias(using), skip_locked=True)
         if not parents:
             return Settled()
     done = settle(parents, using=using, skip_locked=True)

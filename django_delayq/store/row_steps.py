@@ -216,14 +216,23 @@ def _ensure(model: type[models.Model], pks: list[Any], alias: str) -> dict[str, 
     return dict(stand_ins.filter(key__in=list(keys)).values_list("key", "pk"))
 
 
-def _end(ids: list[int], status: str, alias: str) -> int:
-    """Stand-ins of rows that ended with ``status``: ended with it (those still pending)."""
+def _end(ids: list[int], status: str, alias: str, *, skip_locked: bool = False) -> int:
+    """Stand-ins of rows that ended with ``status``: ended with it (those still pending).
+
+    ``skip_locked`` (a worker's call, and the sweep's): a stand-in another
+    transaction holds is passed, not waited for. A producer naming the row
+    ``after=`` holds it until its commit (the stand-in is marked as having
+    children), and the executor that ran the row would wait as long, its
+    slot taken; the sweep ends it once the lock is gone.
+    """
     now = clock.sql_now()
-    return (
-        Message._base_manager.using(alias)
-        .filter(pk__in=ids, status=Status.PENDING)
-        .update(status=status, next_attempt_time=None, finished_at=now, updated_at=now)
-    )
+    rows = Message._base_manager.using(alias).filter(pk__in=ids, status=Status.PENDING)
+    changes = {"status": status, "next_attempt_time": None, "finished_at": now, "updated_at": now}
+    if not (skip_locked and connections[alias].features.has_select_for_update_skip_locked):
+        return rows.update(**changes)
+    with transaction.atomic(using=alias):
+        free = list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
+        return rows.filter(pk__in=free).update(**changes) if free else 0
 
 
 def _reopen(ids: list[int], alias: str) -> None:
@@ -313,9 +322,12 @@ def _reaches(start: list[int], targets: set[int], alias: str) -> bool:
 # -- a row ended, or was queued again ------------------------------------------------------
 
 
-def ended_parents(model: type[models.Model], pks: Collection[Any], alias: str) -> list[int]:
+def ended_parents(
+    model: type[models.Model], pks: Collection[Any], alias: str, *, skip_locked: bool = False
+) -> list[int]:
     """The stand-ins of those of ``pks`` that have ended (those still pending ended now,
-    with their row's status): the parents whose edges end next."""
+    with their row's status): the parents whose edges end next. ``skip_locked``:
+    see :func:`_end` (one passed stays pending: its edges stay open)."""
     if not pks or not in_use(model, alias):
         return []
     stand_ins = _stand_ins(model, alias)
@@ -330,11 +342,8 @@ def ended_parents(model: type[models.Model], pks: Collection[Any], alias: str) -
             continue
         found = dict(stand_ins.filter(key__in=[str(pk) for pk in states]).values_list("key", "pk"))
         for status in set(states.values()):
-            _end(
-                [found[str(pk)] for pk, s in states.items() if s == status and str(pk) in found],
-                status,
-                alias,
-            )
+            ended = [found[str(pk)] for pk, s in states.items() if s == status and str(pk) in found]
+            _end(ended, status, alias, skip_locked=skip_locked)
         ids += found.values()
     return ids
 
@@ -435,7 +444,7 @@ def queue_models(alias: str) -> list[type[models.Model]]:
     return found
 
 
-def sweep(alias: str) -> list[int]:
+def sweep(alias: str, *, skip_locked: bool = False) -> list[int]:
     """What a crash between a row's end (or its stand-in's release) and its follow-up left
     undone; returns the stand-ins it ended (their edges end with the sweep's).
 
@@ -448,7 +457,7 @@ def sweep(alias: str) -> list[int]:
     for model in queue_models(alias):
         if not in_use(model, alias):
             continue
-        ended += _sweep_model(model, alias)
+        ended += _sweep_model(model, alias, skip_locked)
     return ended
 
 
@@ -456,7 +465,7 @@ def sweep(alias: str) -> list[int]:
 _cancelled_read: dict[tuple[type[models.Model], str], float] = {}
 
 
-def _sweep_model(model: type[models.Model], alias: str) -> list[int]:
+def _sweep_model(model: type[models.Model], alias: str, skip_locked: bool) -> list[int]:
     """One model's part of :func:`sweep`. Its reads name their statuses as literals
     (``rows_with_literals``): SQLite uses a partial index only so, and without one
     each read went through every stand-in of the model."""
@@ -470,7 +479,7 @@ def _sweep_model(model: type[models.Model], alias: str) -> list[int]:
         found = held.filter(Exists(row.filter(status=status))).values_list("pk")
         ids = [pk for (pk,) in rows_with_literals(found, alias)]
         if ids:
-            _end(ids, status, alias)
+            _end(ids, status, alias, skip_locked=skip_locked)
             ended += ids
     gone = [pk for (pk,) in rows_with_literals(held.exclude(Exists(row)).values_list("pk"), alias)]
     if gone:

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import hypothesis
 import pytest
-from django.db import transaction
+from django.db import connection, transaction  # noqa: F401 (read by the skipif condition)
 from django.utils import timezone
 from hypothesis import strategies as st
 
@@ -19,7 +19,8 @@ from django_delayq.models import Dependency, Message
 from django_delayq.store import dependencies, row_steps
 from django_delayq.testing import run_pending
 from django_delayq.worker.execute import Result
-from tests.integration.test_workflows import expected_statuses
+from tests.conftest import wait_for
+from tests.integration.test_workflows import _Producer, expected_statuses
 from tests.testapp.models import Execution, Shipment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -191,6 +192,31 @@ def test_the_sweep_cancels_a_waiting_row_whose_stand_in_was_cancelled_without_it
     dependencies.settle(using="default")
     assert fresh(shipment).status == "cancelled"
     assert fresh(shipment).last_error == "Cancelled: parent steps/x ended failed"
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time: no row locks")
+def test_a_producer_holding_a_rows_stand_in_never_stalls_the_worker(serving_worker, settings):
+    """A producer naming a row ``after=`` holds its stand-in until it commits. The
+    executor that ran the row ends its stand-in after the row's outcome: it waited
+    for that lock, its slot taken (with one, nothing else ran). It must pass it, and
+    the sweep end it once the producer lets go."""
+    settings.DELAYQ = {**settings.DELAYQ, "HEARTBEAT_INTERVAL": 0.5}
+    shipment = Shipment.objects.create(reference="held")
+    shipment.schedule()
+    child = enqueue("steps", {}, after=[shipment])
+    with _Producer(stand_in(shipment).pk):
+        serving_worker(QUEUES, concurrency=1)
+        wait_for(lambda: fresh(shipment).status == "succeeded", message="the row's success")
+        later = Shipment.objects.create(reference="later")
+        later.schedule()
+        wait_for(
+            lambda: fresh(later).status == "succeeded",
+            timeout=20,
+            message="a later row, while the producer holds the first one's stand-in",
+        )
+        assert message(child).next_attempt_time is None  # still waiting
+    wait_for(lambda: message(child).status == "succeeded", timeout=30, message="the child")
+    assert started(message(child)) >= fresh(shipment).shipped_at
 
 
 def test_deleting_a_row_lets_what_waits_for_it_go():
