@@ -22,12 +22,13 @@ the claimer asks the database only what it cannot know:
   (NOTIFY); later ones are found by that read.
 * Notifications are coalesced only where messages come densely
   (``DELAYQ["CLAIM_DELAY"]``, :meth:`Claimer.hold`): when at least
-  ``HOLD_FOR`` (4) more are expected within the delay, a notification waits
+  ``HOLD_FOR`` (1) more is expected within the delay, a notification waits
   it out without waking for the ones that follow, and one claim takes them
   all. A sparser stream, and an idle worker, claim each notification at
-  once: there a wait saves few claims for a pickup later by up to the whole
-  delay. At the default of 25 ms a stream of 200 messages a second waits
-  (pickup p50 15-20 ms, about half the CPU per message of a claim each).
+  once: there a wait saves no claim and makes the pickup later by the whole
+  delay. At the default of 6 ms a stream of 200 messages a second shares
+  claims two by two (pickup p50 about 4 ms); 1,000 a second, six or seven
+  to a claim. A longer delay shares more for a later pickup.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from django_delayq.models import Message
 from django_delayq.queues import paused_queues
 from django_delayq.store import claim, limits, queries
 from django_delayq.worker.inflight import Book, InFlight, Lane
+from django_delayq.worker.spacing import Spacing
 from django_delayq.worker.wakeup import Waker
 
 logger = logging.getLogger("django_delayq.worker")
@@ -75,14 +77,13 @@ CLAIM_WINDOW = 0.1
 # after the commit instead of 2).
 CLAIM_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
 
-# The longest time between two notifications that counts in the stream's
-# density (Claimer.heard).
-GAP_CAP = 0.25
-
 # A notification waits CLAIM_DELAY for others only when at least this many
-# more are expected meanwhile (Claimer.hold): one claim then serves many
-# messages, and the wait is paid back.
-HOLD_FOR = 4
+# more are expected meanwhile (Claimer.hold): one claim then serves two
+# messages or more, and the wait is paid back. (It was 4 with a delay of
+# 25 ms: at 200 a second the median message then waited 15 ms. The
+# acknowledgements' longer batches under a dense stream, acks.py, took over
+# most of the CPU that saved.)
+HOLD_FOR = 1
 
 HandlerKey = tuple[str, str | None]
 
@@ -148,8 +149,7 @@ class Claimer:
         # between two messages' notifications lately (a moving average): how
         # dense the stream is, which decides whether a notification waits
         # for company (see hold).
-        self._heard_at: float | None = None
-        self._gap: float | None = None
+        self._spacing = Spacing()
         # Batches of acknowledgements committed (bumped by the ack thread), and
         # how many of them the claim loop has seen: see acks_committed.
         self._acks = 0
@@ -439,30 +439,21 @@ class Claimer:
         meanwhile (the time between two notifications lately, a moving
         average, is at most a ``HOLD_FOR``-th of it), else 0: a claim at once.
         An idle worker (nothing heard for ``CLAIM_DELAY``) always claims at
-        once. Spacing is what decides: with messages spaced more than a
-        quarter of the delay apart, coalescing shares few claims and makes
-        the median message wait a whole spacing; with 1 ms between them a
-        25 ms wait serves 25 messages with one claim. A claim that found work
-        counts as the last message heard of until a notification is (a
-        worker started on a backlog).
+        once. Spacing is what decides: with messages spaced more than the
+        delay apart, a wait shares no claim and makes every message wait a
+        whole delay. A claim that found work counts as the last message heard
+        of until a notification is (a worker started on a backlog).
         """
-        last = self._heard_at if self._heard_at is not None else self._worked_at
-        since = now - last
-        if self.claim_delay <= 0 or since >= self.claim_delay:
-            return 0.0
-        gap = since if self._gap is None else self._gap
-        return self.claim_delay if gap * HOLD_FOR <= self.claim_delay else 0.0
+        if self._spacing.last is not None:
+            expected = self._spacing.expects(HOLD_FOR, self.claim_delay, now)
+        else:
+            since = now - self._worked_at
+            expected = 0 < self.claim_delay and since * HOLD_FOR <= self.claim_delay
+        return self.claim_delay if expected else 0.0
 
     def heard(self, now: float, count: int) -> None:
         """``count`` notifications were read at ``now``: the stream's density (``hold``)."""
-        if not count:
-            return
-        if self._heard_at is not None:
-            # A sample per message, none longer than a few delays: after a
-            # quiet spell the average comes back within a few messages.
-            sample = min((now - self._heard_at) / count, GAP_CAP)
-            self._gap = sample if self._gap is None else 0.7 * self._gap + 0.3 * sample
-        self._heard_at = now
+        self._spacing.heard(now, count)
 
     def next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
         """The earliest due time of this worker's queues but ``skip``, read at most once
