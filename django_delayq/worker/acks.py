@@ -60,14 +60,19 @@ logger = logging.getLogger("django_delayq.worker")
 Done = list[tuple[InFlight, str, float]]
 
 # Where successes come densely (at least DENSE_COMPANY more expected within
-# the longer window), a batch waits DENSE_STRETCH times ACK_DELAY for them:
-# one statement then serves many messages, where at ACK_DELAY alone a steady
+# the longer window), a batch that has fewer than DENSE_FILL successes when
+# ACK_DELAY is up waits for more, up to DENSE_STRETCH times ACK_DELAY: one
+# statement then serves several messages, where at ACK_DELAY alone a steady
 # stream of 200 a second was acknowledged nearly one by one (a statement, a
 # wake-up and a commit each, a third of the worker's CPU per message). A
-# success that someone waits for closes its batch at ACK_DELAY still
-# (``_waited_for``), as does every batch of a sparse stream.
+# batch that has filled by then closes at ACK_DELAY as before: a faster
+# stream gains nothing from a longer wait, and its finished messages, which
+# count in what a lane may hold, would hold up its claims. A success that
+# something waits for closes its batch at ACK_DELAY still (``_waited_for``),
+# as does every batch of a sparse stream.
 DENSE_STRETCH = 10
 DENSE_COMPANY = 4
+DENSE_FILL = 10
 
 # An outcome whose row was locked (or whose write failed) is tried again after
 # this, doubling up to RETRY_MAX while it keeps failing.
@@ -127,8 +132,11 @@ class Settler:
         self.max_size = max_size
         self._successes: list[_Success] = []
         self._retries: list[_Success | Unwritten] = []
-        # When the batch waiting closes (monotonic; see add).
+        # When the batch waiting closes (monotonic; see add): at _close_at, or
+        # at _filled_at once it holds _fill successes.
         self._close_at = 0.0
+        self._filled_at = 0.0
+        self._fill = max_size
         # How densely successes come (see add).
         self._spacing = Spacing()
         self._cond = threading.Condition()
@@ -147,35 +155,46 @@ class Settler:
     def add(self, item: InFlight, duration: float) -> None:
         """A success to acknowledge in the next batch.
 
-        The batch closes ``max_delay`` after its first success, or
-        ``DENSE_STRETCH`` times that where successes come densely enough to
-        fill it; a success someone waits for (``_waited_for``) closes it at
-        ``max_delay`` after itself at the latest.
+        The batch closes ``max_delay`` after its first success; where
+        successes come densely, only once it holds ``DENSE_FILL`` of them,
+        or ``DENSE_STRETCH`` times ``max_delay`` after the first. A success
+        someone waits for (``_waited_for``) closes it at ``max_delay`` after
+        itself at the latest.
         """
         delay = self.max_delay or 0.0
         with self._cond:
             now = time.monotonic()
             close_at = now + delay
             if not self._successes:
-                self._close_at = now + self.window(now)
+                window = self.window(now)
+                self._filled_at = close_at
+                self._close_at = now + window
+                self._fill = DENSE_FILL if window > delay else 1
             self._spacing.heard(now)
             earlier = close_at < self._close_at and _waited_for(item)
             if earlier:
                 self._close_at = close_at
             self._successes.append(_Success(item, duration))
-            if len(self._successes) == 1 or earlier or len(self._successes) >= self.max_size:
+            count = len(self._successes)
+            if count in (1, self._fill) or earlier or count >= self.max_size:
                 self._cond.notify_all()
 
     @property
     def closes_at(self) -> float | None:
         """When the batch waiting is committed (monotonic), or None when none waits."""
         with self._cond:
-            return self._close_at if self._successes else None
+            return self._closes_at() if self._successes else None
+
+    def _closes_at(self) -> float:
+        if len(self._successes) >= self._fill:
+            return min(self._close_at, self._filled_at)
+        return self._close_at
 
     def window(self, now: float) -> float:
-        """How long a batch begun at ``now`` stays open: ``max_delay``, or
+        """How long a batch begun at ``now`` may stay open: ``max_delay``, or
         ``DENSE_STRETCH`` times that where at least ``DENSE_COMPANY`` more successes
-        are expected within the longer wait."""
+        are expected within the longer wait (for a batch still short of
+        ``DENSE_FILL``)."""
         delay = self.max_delay or 0.0
         stretched = delay * DENSE_STRETCH
         return stretched if self._spacing.expects(DENSE_COMPANY, stretched, now) else delay
@@ -266,7 +285,9 @@ class Settler:
                     return None
                 due = [r for r in self._retries if r.due <= now]
                 batch_ready = self._successes and (
-                    self._closing or len(self._successes) >= self.max_size or now >= self._close_at
+                    self._closing
+                    or len(self._successes) >= self.max_size
+                    or now >= self._closes_at()
                 )
                 if batch_ready or due:
                     batch = self._successes if batch_ready else []
@@ -277,7 +298,7 @@ class Settler:
                     return batch, due
                 waits = [r.due - now for r in self._retries]
                 if self._successes:
-                    waits.append(self._close_at - now)
+                    waits.append(self._closes_at() - now)
                 if self._closing:
                     waits.append(self._deadline - now)
                 self._cond.wait(max(0.0, min(waits)) if waits else None)

@@ -10,7 +10,7 @@ import pytest
 
 from django_delayq.models import Message
 from django_delayq.worker import acks
-from django_delayq.worker.acks import DENSE_COMPANY, DENSE_STRETCH, Settler
+from django_delayq.worker.acks import DENSE_COMPANY, DENSE_FILL, DENSE_STRETCH, Settler
 from django_delayq.worker.inflight import InFlight, Lane
 
 DELAY = 0.005
@@ -105,3 +105,18 @@ def test_a_success_something_waits_for_closes_the_batch_within_the_delay(clock, 
     clock.now += 0.001
     s.add(success(102), 0.001)
     assert s.closes_at == pytest.approx(clock.now - 0.001 + DELAY)
+
+
+def test_a_dense_batch_that_fills_within_the_delay_closes_at_the_delay(clock):
+    # A backlog run fast: the longer wait would gain nothing, and the finished
+    # messages it kept would count in what the lane may hold (its claims).
+    s = settler()
+    stream(s, clock, 0.001, 10)
+    s._successes.clear()
+    first = clock.now + 0.0001
+    for pk in range(DENSE_FILL):
+        clock.now += 0.0001
+        s.add(success(200 + pk), 0.001)
+        if pk < DENSE_FILL - 1:
+            assert s.closes_at == pytest.approx(first + STRETCHED)
+    assert s.closes_at == pytest.approx(first + DELAY)
