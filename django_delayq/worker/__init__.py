@@ -335,6 +335,7 @@ class Worker:
             settled=self._settled,
             max_delay=batching,
             on_committed=self._acks_committed,
+            activity=self.claimer.last_activity,
         )
         # Its thread starts with the first coroutine (an async def handler's,
         # or an async task's through the Tasks backend).

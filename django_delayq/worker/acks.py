@@ -67,7 +67,11 @@ Done = list[tuple[InFlight, str, float]]
 # wake-up and a commit each, a third of the worker's CPU per message). A
 # batch that has filled by then closes at ACK_DELAY as before: a faster
 # stream gains nothing from a longer wait, and its finished messages, which
-# count in what a lane may hold, would hold up its claims. A success that
+# count in what a lane may hold, would hold up its claims. Nor does a batch
+# wait longer when no new message has been heard of since it began (the
+# worker's ``activity``): successes that came densely from a producer that
+# waits for each result before it sends the next (``wait()``, a Tasks
+# result) would wait the longer time for company that cannot come. A success that
 # something waits for closes its batch at ACK_DELAY still (``_waited_for``),
 # as does every batch of a sparse stream.
 DENSE_STRETCH = 10
@@ -120,6 +124,7 @@ class Settler:
         max_delay: float | None,
         max_size: int = 500,
         on_committed: Callable[[bool], None] | None = None,
+        activity: Callable[[], float] | None = None,
     ) -> None:
         self.using = using
         # Told of attempts whose outcome is committed (or known lost): the
@@ -135,10 +140,13 @@ class Settler:
         # When the batch waiting closes (monotonic; see add): at _close_at, or
         # at _filled_at once it holds _fill successes.
         self._close_at = 0.0
+        self._first_at = 0.0
         self._filled_at = 0.0
         self._fill = max_size
-        # How densely successes come (see add).
+        # How densely successes come (see add), and when the worker last heard
+        # of a new message (monotonic; None: take it that they keep coming).
         self._spacing = Spacing()
+        self._activity = activity
         self._cond = threading.Condition()
         self._closing = False
         self._deadline = float("inf")
@@ -157,7 +165,8 @@ class Settler:
 
         The batch closes ``max_delay`` after its first success; where
         successes come densely, only once it holds ``DENSE_FILL`` of them,
-        or ``DENSE_STRETCH`` times ``max_delay`` after the first. A success
+        or ``DENSE_STRETCH`` times ``max_delay`` after the first, and only while
+        new messages keep coming (``activity``). A success
         someone waits for (``_waited_for``) closes it at ``max_delay`` after
         itself at the latest.
         """
@@ -167,6 +176,7 @@ class Settler:
             close_at = now + delay
             if not self._successes:
                 window = self.window(now)
+                self._first_at = now
                 self._filled_at = close_at
                 self._close_at = now + window
                 self._fill = DENSE_FILL if window > delay else 1
@@ -186,9 +196,13 @@ class Settler:
             return self._closes_at() if self._successes else None
 
     def _closes_at(self) -> float:
-        if len(self._successes) >= self._fill:
+        if len(self._successes) >= self._fill or not self._more_coming():
             return min(self._close_at, self._filled_at)
         return self._close_at
+
+    def _more_coming(self) -> bool:
+        """Whether a new message was heard of since the batch began (an open stream)."""
+        return self._activity is None or self._activity() > self._first_at
 
     def window(self, now: float) -> float:
         """How long a batch begun at ``now`` may stay open: ``max_delay``, or

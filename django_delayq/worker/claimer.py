@@ -451,6 +451,13 @@ class Claimer:
             expected = 0 < self.claim_delay and since * HOLD_FOR <= self.claim_delay
         return self.claim_delay if expected else 0.0
 
+    def last_activity(self) -> float:
+        """When this worker last heard of a new message (a notification, or a claim
+        that found work; monotonic): the acknowledgements' batches wait for more
+        only while they keep coming (acks.py)."""
+        last = self._spacing.last
+        return self._worked_at if last is None else max(last, self._worked_at)
+
     def heard(self, now: float, count: int) -> None:
         """``count`` notifications were read at ``now``: the stream's density (``hold``)."""
         self._spacing.heard(now, count)

@@ -120,3 +120,20 @@ def test_a_dense_batch_that_fills_within_the_delay_closes_at_the_delay(clock):
         if pk < DENSE_FILL - 1:
             assert s.closes_at == pytest.approx(first + STRETCHED)
     assert s.closes_at == pytest.approx(first + DELAY)
+
+
+def test_a_producer_that_waits_for_each_result_gets_it_within_the_delay(clock):
+    # Dense successes, but each message sent only once the last one's result
+    # is in (wait(), a Tasks result): nothing new comes while the batch
+    # waits, so it waits ACK_DELAY only, not the longer time.
+    heard = [clock.now]
+    s = Settler("default", max_delay=DELAY, settled=lambda done: None, activity=lambda: heard[0])
+    stream(s, clock, 0.005, 10)
+    s._successes.clear()
+    clock.now += 0.001
+    s.add(success(300), 0.001)
+    assert s.closes_at == pytest.approx(clock.now + DELAY)
+    # A message heard of meanwhile: an open stream, the batch waits on.
+    clock.now += 0.002
+    heard[0] = clock.now
+    assert s.closes_at == pytest.approx(clock.now - 0.002 + STRETCHED)
