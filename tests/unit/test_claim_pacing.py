@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from django_delayq.conf import DEFAULTS
-from django_delayq.worker.claimer import CLAIM_SIZES, HOLD_FOR, Claimer, claim_size
+from django_delayq.worker.claimer import CLAIM_SIZES, HOLD_FOR, HOLD_MARGIN, Claimer, claim_size
 from django_delayq.worker.inflight import Book, InFlight, Lane
 
 
@@ -80,7 +80,7 @@ def test_at_the_default_delay_200_a_second_are_claimed_two_by_two():
     for _ in range(10):
         now += 0.005
         claimer.heard(now, 1)
-    assert claimer.hold(now + 0.001) == delay
+    assert claimer.hold(now + 0.001) == pytest.approx(delay)
     assert delay < 0.01
 
 
@@ -206,3 +206,16 @@ def test_a_lane_uncapped_by_an_executor_while_the_claimer_reads_the_next_due_tim
     claimer.next_due = next_due  # type: ignore[method-assign]
     claimer.idle_wait()
     assert slept == [claimer.poll_interval]  # no longer held: no hold's wake-up to wait for
+
+
+def test_a_hold_lasts_as_long_as_the_messages_expected_take_to_come():
+    # 9 ms apart within 25 ms: two more expected, waited for with a margin for
+    # jitter, not for the rest of the delay after the second.
+    claimer = make_claimer(0.025)
+    now = 1000.0
+    claimer.heard(now, 1)
+    for _ in range(10):
+        now += 0.009
+        claimer.heard(now, 1)
+    assert claimer.hold(now + 0.001) == pytest.approx(2 * 0.009 * HOLD_MARGIN)
+    assert claimer.hold(now + 0.001) < 0.025
