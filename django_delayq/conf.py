@@ -121,11 +121,13 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_OUTAGE_LIMIT": None,
     # Successes of non-atomic handlers are acknowledged together: one
     # compare-and-set statement per batch, committed at most this long after
-    # the first of them finished (PostgreSQL), or ten times this long where
-    # successes come so densely that at least four more are expected in that
-    # time (80 a second and more at 5 ms); a success that something waits
-    # for (the next message of its group, a workflow's children, a place
-    # under a global limit) still closes its batch within this delay. A
+    # the first of them finished (PostgreSQL); where successes come so
+    # densely that at least four more are expected within ten times this
+    # (80 a second and more at 5 ms), new messages keep coming, and fewer
+    # than ten have come within it, up to ten times this long. A success
+    # that something waits for (the next message of its group, a workflow's
+    # children, a place under a global limit) still closes its batch within
+    # this delay. A
     # longer delay means fewer commits but a longer window in which a killed
     # worker's finished messages are redelivered and run again. Atomic
     # handlers that finish within it share one transaction, each in a
@@ -135,7 +137,8 @@ DEFAULTS: dict[str, Any] = {
     # ones, and only where that pays: when messages come densely enough that
     # at least one more is expected within it (the time between two lately
     # is at most the delay: 170 a second and more at 6 ms), the worker waits
-    # this long without waking for each and claims them in one statement.
+    # (up to this long, as long as the messages expected take to come)
+    # without waking for each and claims them in one statement.
     # Sparser streams, and an idle worker, claim every notification at once.
     # Longer: denser streams share claims (25 ms: from 40 a second, five or
     # six messages a claim at 200 a second) for less CPU per message and
