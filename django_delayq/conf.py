@@ -127,11 +127,10 @@ DEFAULTS: dict[str, Any] = {
     # than ten have come within it, up to ten times this long. A success
     # that something waits for (the next message of its group, a workflow's
     # children, a place under a global limit) still closes its batch within
-    # this delay. A
-    # longer delay means fewer commits but a longer window in which a killed
-    # worker's finished messages are redelivered and run again. Atomic
-    # handlers that finish within it share one transaction, each in a
-    # savepoint of its own. None: one commit per message.
+    # this delay. A longer delay means fewer commits but a longer window in
+    # which a killed worker's finished messages are redelivered and run
+    # again. Atomic handlers that finish within it share one transaction,
+    # each in a savepoint of its own. None: one commit per message.
     "ACK_DELAY": timedelta(milliseconds=5),
     # The longest a notification waits to be claimed together with the next
     # ones, and only where that pays: when messages come densely enough that

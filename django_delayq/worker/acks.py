@@ -71,9 +71,9 @@ Done = list[tuple[InFlight, str, float]]
 # wait longer when no new message has been heard of since it began (the
 # worker's ``activity``): successes that came densely from a producer that
 # waits for each result before it sends the next (``wait()``, a Tasks
-# result) would wait the longer time for company that cannot come. A success that
-# something waits for closes its batch at ACK_DELAY still (``_waited_for``),
-# as does every batch of a sparse stream.
+# result) would wait the longer time for company that cannot come. A
+# success that something waits for closes its batch at ACK_DELAY still
+# (``_waited_for``), as does every batch of a sparse stream.
 DENSE_STRETCH = 10
 DENSE_COMPANY = 4
 DENSE_FILL = 10
@@ -164,11 +164,11 @@ class Settler:
         """A success to acknowledge in the next batch.
 
         The batch closes ``max_delay`` after its first success; where
-        successes come densely, only once it holds ``DENSE_FILL`` of them,
-        or ``DENSE_STRETCH`` times ``max_delay`` after the first, and only while
-        new messages keep coming (``activity``). A success
-        someone waits for (``_waited_for``) closes it at ``max_delay`` after
-        itself at the latest.
+        successes come densely and new messages keep coming (``activity``),
+        only once it holds ``DENSE_FILL`` of them, or ``DENSE_STRETCH`` times
+        ``max_delay`` after the first. A success someone waits for
+        (``_waited_for``) closes it at ``max_delay`` after itself at the
+        latest.
         """
         delay = self.max_delay or 0.0
         with self._cond:
