@@ -138,10 +138,9 @@ class Settler:
         self._successes: list[_Success] = []
         self._retries: list[_Success | Unwritten] = []
         # When the batch waiting closes (monotonic; see add): at _close_at, or
-        # at _filled_at once it holds _fill successes.
+        # max_delay after its first success once it holds _fill of them.
         self._close_at = 0.0
         self._first_at = 0.0
-        self._filled_at = 0.0
         self._fill = max_size
         # How densely successes come (see add), and when the worker last heard
         # of a new message (monotonic; None: take it that they keep coming).
@@ -177,7 +176,6 @@ class Settler:
             if not self._successes:
                 window = self.window(now)
                 self._first_at = now
-                self._filled_at = close_at
                 self._close_at = now + window
                 self._fill = DENSE_FILL if window > delay else 1
             self._spacing.heard(now)
@@ -197,7 +195,7 @@ class Settler:
 
     def _closes_at(self) -> float:
         if len(self._successes) >= self._fill or not self._more_coming():
-            return min(self._close_at, self._filled_at)
+            return min(self._close_at, self._first_at + (self.max_delay or 0.0))
         return self._close_at
 
     def _more_coming(self) -> bool:

@@ -31,6 +31,16 @@ def make_claimer(claim_delay: float) -> Claimer:
     )
 
 
+def heard_every(claimer: Claimer, spacing: float, count: int) -> float:
+    """A notification at 1000.0, then ``count`` more ``spacing`` apart; the last one's time."""
+    now = 1000.0
+    claimer.heard(now, 1)
+    for _ in range(count):
+        now += spacing
+        claimer.heard(now, 1)
+    return now
+
+
 def test_a_claim_asks_for_a_whole_batch_or_a_size_from_the_short_list():
     # Every size a statement of its own: sizes following the handlers' moving
     # average compiled the claim again at almost every claim.
@@ -75,11 +85,7 @@ def test_at_the_default_delay_200_a_second_are_claimed_two_by_two():
     # within 5 ms at that rate (docs: Performance, under a steady load).
     delay = DEFAULTS["CLAIM_DELAY"].total_seconds()
     claimer = make_claimer(delay)
-    now = 1000.0
-    claimer.heard(now, 1)
-    for _ in range(10):
-        now += 0.005
-        claimer.heard(now, 1)
+    now = heard_every(claimer, 0.005, 10)
     assert claimer.hold(now + 0.001) == pytest.approx(delay)
     assert delay < 0.01
 
@@ -87,11 +93,7 @@ def test_at_the_default_delay_200_a_second_are_claimed_two_by_two():
 def test_a_dense_stream_waits_the_delay_for_the_next_ones():
     # 1,000 a second: ten within 10 ms.
     claimer = make_claimer(0.01)
-    now = 1000.0
-    claimer.heard(now, 1)
-    for _ in range(5):
-        now += 0.001
-        claimer.heard(now, 1)
+    now = heard_every(claimer, 0.001, 5)
     assert claimer.hold(now + 0.001) == 0.01
 
 
@@ -106,11 +108,7 @@ def test_notifications_read_together_count_one_each():
 def test_the_delay_is_worth_it_from_hold_for_messages_on(spacing, waits):
     claimer = make_claimer(0.012)
     gap = 0.012 / HOLD_FOR * spacing
-    now = 1000.0
-    claimer.heard(now, 1)
-    for _ in range(5):
-        now += gap
-        claimer.heard(now, 1)
+    now = heard_every(claimer, gap, 5)
     assert claimer.hold(now + gap / 2) == (0.012 if waits else 0.0)
 
 
@@ -212,10 +210,6 @@ def test_a_hold_lasts_as_long_as_the_messages_expected_take_to_come():
     # 9 ms apart within 25 ms: two more expected, waited for with a margin for
     # jitter, not for the rest of the delay after the second.
     claimer = make_claimer(0.025)
-    now = 1000.0
-    claimer.heard(now, 1)
-    for _ in range(10):
-        now += 0.009
-        claimer.heard(now, 1)
+    now = heard_every(claimer, 0.009, 10)
     assert claimer.hold(now + 0.001) == pytest.approx(2 * 0.009 * HOLD_MARGIN)
     assert claimer.hold(now + 0.001) < 0.025
