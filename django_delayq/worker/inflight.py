@@ -117,33 +117,39 @@ class Book:
         self._held: set[InFlight] = set()
         # The newest claim of each row this worker holds.
         self._newest: dict[tuple[type[Model], Any], InFlight] = {}
-        # Claims sent and not yet in the book (held_ids).
-        self._claiming = 0
+        # When each claim sent and not yet in the book began (monotonic; held_ids).
+        self._claiming: dict[object, float] = {}
 
     # -- claimed --------------------------------------------------------------
 
     @contextmanager
     def claiming(self) -> Iterator[None]:
         """Around a claim and the ``add`` of what it returned (see ``held_ids``)."""
+        key = object()
         with self.cond:
-            self._claiming += 1
+            self._claiming[key] = time.monotonic()
         try:
             yield
         finally:
             with self.cond:
-                self._claiming -= 1
+                del self._claiming[key]
 
-    def held_ids(self, model: type[Model]) -> list[Any] | None:
-        """The ids of ``model``'s rows this worker holds; None while a claim is on its
-        way into the book.
+    def held_ids(self, model: type[Model], *, claimed_before: float) -> list[Any] | None:
+        """The ids of ``model``'s rows this worker holds; None while a claim that began
+        before ``claimed_before`` (monotonic) is on its way into the book.
 
         Rows running under this worker's name that are in neither are handed
         back (``leases.release_unheld``): a claim that is sent but not yet
         added could be either (its rows committed, its thread not yet back),
         however long ago it began; one that failed is no longer on its way.
+        Only a claim old enough to have given leases that lapsed since can
+        hold the lapsed rows the caller asks about: a younger one must not
+        hold them back, or a claim loop that is always claiming (a backlog, a
+        lock wait under a global cap) kept a lost claim's rows from coming
+        back for as long as it was busy.
         """
         with self.cond:
-            if self._claiming:
+            if any(began < claimed_before for began in self._claiming.values()):
                 return None
             return [item.row.pk for item in self._held if item.lane.model is model]
 

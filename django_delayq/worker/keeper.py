@@ -48,6 +48,48 @@ MIN_INTERVAL = 0.05
 ALIVE_BEATS = 3
 
 
+class Looks:
+    """When a keeper looks for the rows running under its worker's name that its book
+    does not hold (``Keeper.look_for_unheld``), as monotonic times.
+
+    Every database error asks for a look once the leases given before it
+    could have lapsed. A look already asked for keeps its time, and one more
+    follows at the latest time asked for since: postponing it instead,
+    errors that came more often than a lease (lock waits timing out,
+    deadlocks under a global cap, a flaky network) put off every look while
+    they lasted, and a lost claim's rows stayed running for as long. Each
+    time asked for is looked at no earlier than asked, and no later than
+    one more delay after it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: float | None = None
+        self._again: float | None = None
+
+    def ask(self, at: float) -> None:
+        with self._lock:
+            if self._next is None:
+                self._next = at
+            else:
+                self._again = at if self._again is None else max(self._again, at)
+
+    def soon(self, at: float) -> None:
+        """Look at ``at`` (a look that could not be made), keeping later ones."""
+        with self._lock:
+            if self._next is not None and self._next > at:
+                self._again = self._next if self._again is None else max(self._again, self._next)
+            self._next = at if self._next is None else min(self._next, at)
+
+    def take(self, now: float) -> bool:
+        """Whether a look is due at ``now``; the next one asked for takes its place."""
+        with self._lock:
+            if self._next is None or now < self._next:
+                return False
+            self._next, self._again = self._again, None
+            return True
+
+
 class Keeper:
     def __init__(
         self,
@@ -100,8 +142,9 @@ class Keeper:
         # When to look for rows running under this worker's name that its
         # book does not hold (see look_for_unheld): once a lease after the
         # start, and after every database error.
-        self._look_for_unheld_at: float | None = None
+        self._looks = Looks()
         self._longest_lease = max(leases).total_seconds()
+        self._shortest_lease = min(leases).total_seconds()
         self._background = Background(
             "delayq-keeper",
             self._turn,
@@ -123,8 +166,10 @@ class Keeper:
         rows are claimed, the worker never heard), and a worker restarted
         under a dead one's name inherits its rows: both hold rows no claim
         takes back from a live worker (``leases.release_unheld``).
+
+        A look already asked for keeps its time (``Looks``).
         """
-        self._look_for_unheld_at = time.monotonic() + self._longest_lease + self.extend_every
+        self._looks.ask(time.monotonic() + self._longest_lease + self.extend_every)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._background.stop(timeout)
@@ -162,9 +207,14 @@ class Keeper:
             if now >= self._next_extend:
                 self.extend_leases()
                 self._next_extend = now + self.extend_every
-            if self._look_for_unheld_at is not None and now >= self._look_for_unheld_at:
-                self._look_for_unheld_at = None
-                self.release_unheld()
+            if self._looks.take(now):
+                try:
+                    self.release_unheld()
+                except BaseException:
+                    # SQLite's lock is not a database error that asks for a
+                    # look (below): this one must not be lost.
+                    self._looks.soon(time.monotonic() + self.extend_every)
+                    raise
             if now >= self._next_beat:
                 beaten = liveness.beat(
                     self.name, alive_for=self.alive_for, using=self.using, instance=self.instance
@@ -266,7 +316,12 @@ class Keeper:
 
             def held(model: type[Model] = model) -> list[Any] | None:
                 nonlocal claiming
-                ids = self.book.held_ids(model)
+                # Asked after the lapsed rows were read: a claim younger than
+                # the shortest lease cannot have given them (half of it: the
+                # database's clock may step).
+                ids = self.book.held_ids(
+                    model, claimed_before=time.monotonic() - self._shortest_lease / 2
+                )
                 claiming = claiming or ids is None
                 return ids
 
@@ -274,7 +329,7 @@ class Keeper:
         if claiming:
             # A claim was on its way into the book: its rows cannot be told
             # from lost ones. Look again next turn.
-            self._look_for_unheld_at = time.monotonic() + self.extend_every
+            self._looks.soon(time.monotonic() + self.extend_every)
         if released:
             logger.warning(
                 "%d message(s) ran under this worker's name without being held by it "

@@ -734,25 +734,46 @@ def test_a_claim_landing_while_the_keeper_looks_for_unheld_rows_is_not_handed_ba
     assert (message.status, message.lock_token) == ("running", landed.token)
 
 
+def lapsed(message: Message) -> bool:
+    """Whether the message's lease has lapsed by the database's clock."""
+    from django_delayq import clock
+
+    return Message.objects.filter(pk=message.pk, next_attempt_time__lt=clock.sql_now()).exists()
+
+
 def test_rows_of_a_claim_on_its_way_into_the_book_are_not_handed_back(settings):
     """A claim sent and not yet back (its thread stalled past the lease between the
     commit and the book) holds rows the keeper cannot tell from a lost claim's: it
     leaves them, and looks again once the claim is back; a claim that failed is no
     longer on its way, and its rows are handed back."""
-    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 60}
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.4}
     message = enqueue("default", {}).message
     worker = Worker(["default"], concurrency=1, burst=True)
     with worker.book.claiming():
-        claim.claim(["default"], 1, worker=worker.name, lease=timedelta(seconds=60))
-        Message.objects.filter(pk=message.pk).update(
-            next_attempt_time=timezone.now() - timedelta(seconds=1)
-        )
+        claim.claim(["default"], 1, worker=worker.name, lease=timedelta(seconds=0.4))
+        wait_for(lambda: lapsed(message), message="the stalled claim's lease to lapse")
         worker.keeper.release_unheld()
         message.refresh_from_db()
         assert message.status == "running"
     worker.keeper.release_unheld()  # the claim's reply was lost: it never reached the book
     message.refresh_from_db()
     assert message.status == "pending"
+
+
+def test_a_claim_loop_always_claiming_does_not_keep_a_lost_claims_rows_running(settings):
+    """A claim on its way into the book that began after a lost claim's leases lapsed
+    cannot hold their rows: it must not keep them from coming back. A claim loop that is
+    always claiming (a backlog, lock waits under a global cap) kept a lost claim's rows
+    running for 32 s under a 2 s lease in a MariaDB adversary run."""
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.4}
+    message = enqueue("default", {}).message
+    worker = Worker(["default"], concurrency=1, burst=True)
+    claim.claim(["default"], 1, worker=worker.name, lease=timedelta(seconds=0.4))  # reply lost
+    wait_for(lambda: lapsed(message), message="the lost claim's lease to lapse")
+    with worker.book.claiming():  # the next claim, just sent
+        worker.keeper.release_unheld()
+    message.refresh_from_db()
+    assert (message.status, message.lock_token) == ("pending", None)
 
 
 def test_rows_of_a_queue_fields_model_left_running_under_a_live_worker_come_back(settings):
