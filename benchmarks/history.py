@@ -138,13 +138,16 @@ def prune(url: str, rows: int, paced_seconds: float) -> dict[str, Any]:
 
     First for ``paced_seconds`` as a worker prunes (``Maintenance.prune``:
     ``PRUNE_BATCHES`` batches a round, the next round ``PRUNE_CATCH_UP`` later
-    while there is more), then the rest at once, as ``delayq_prune`` does.
+    while there is more), then half the rest as ``delayq_prune`` does (its
+    pause), then the other half as fast as the server goes (``--pause 0``).
     """
     setup(url)
     from django.db import connection, connections
 
     from benchmarks import admin_1m
     from django_delayq import enqueue, retention
+    from django_delayq.conf import get_config
+    from django_delayq.management.commands.delayq_prune import DEFAULT_PAUSE as PAUSE
     from django_delayq.worker.maintenance import PRUNE_BATCHES, PRUNE_CATCH_UP
 
     out: dict[str, Any] = {"before": sizes()}
@@ -173,7 +176,17 @@ def prune(url: str, rows: int, paced_seconds: float) -> dict[str, Any]:
         if not deleted:
             break
         time.sleep(PRUNE_CATCH_UP)
+    # Half of what is left as ``delayq_prune`` deletes it (a pause as long as
+    # each batch took), the other half with no pause (``--pause 0``).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM django_delayq_message WHERE status <> 'pending'")
+        (left,) = cursor.fetchone()
     middle = time.perf_counter()
+    size = int(get_config()["PRUNE_BATCH_SIZE"])
+    halfway = retention.prune(
+        older_than=0, max_batches=max(1, left // 2 // size), pause=PAUSE, using="default"
+    )
+    paused_end = time.perf_counter()
     rest = retention.prune(older_than=0, using="default")
     end = time.perf_counter()
     time.sleep(1)
@@ -186,11 +199,17 @@ def prune(url: str, rows: int, paced_seconds: float) -> dict[str, Any]:
         "rows_per_s": paced / (middle - start),
         "claim_ms": during(start, middle),
     }
+    out["paused"] = {
+        "deleted": halfway,
+        "seconds": paused_end - middle,
+        "rows_per_s": halfway / max(paused_end - middle, 1e-9),
+        "claim_ms": during(middle, paused_end),
+    }
     out["at_once"] = {
         "deleted": rest,
-        "seconds": end - middle,
-        "rows_per_s": rest / max(end - middle, 1e-9),
-        "claim_ms": during(middle, end),
+        "seconds": end - paused_end,
+        "rows_per_s": rest / max(end - paused_end, 1e-9),
+        "claim_ms": during(paused_end, end),
     }
     out["after_prune"] = sizes()
     began = time.perf_counter()
@@ -274,7 +293,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, server: str) -> st
     ]
     for key, label in [
         ("paced", "as a worker prunes (10 batches, then 1 s)"),
-        ("at_once", "the rest at once (`delayq_prune`)"),
+        ("paused", "half the rest as `delayq_prune` does (`--pause 1`)"),
+        ("at_once", "the other half at once (`delayq_prune --pause 0`)"),
     ]:
         part = pruned[key]
         lines.append(

@@ -76,6 +76,22 @@ def seconds(*, zero: bool = False) -> Callable[[str], float]:
     return parse
 
 
+def factor(high: float) -> Callable[[str], float]:
+    """A type: a number from 0 to ``high``."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0 <= number <= high:  # NaN too
+            raise argparse.ArgumentTypeError(f"expected a number from 0 to {high:g}, got {value!r}")
+        return number
+
+    parse.__name__ = "factor"
+    return parse
+
+
 def database_alias(value: str) -> str:
     """A type: an alias of ``DATABASES``."""
     if value not in settings.DATABASES:

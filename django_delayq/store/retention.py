@@ -8,7 +8,8 @@ their archived version, with the statements of :func:`archived_delete`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
 
@@ -28,8 +29,13 @@ def prune(
     max_batches: int | None = None,
     queues: Collection[str] | None = None,
     using: str | None = None,
+    between: Callable[[float], None] | None = None,
 ) -> int:
     """Delete finished messages that finished before ``cutoff``, ``batch_size`` at a time.
+
+    ``between`` is called after each full batch that another may follow,
+    with the seconds it took (the caller's pacing: ``retention.prune``'s
+    ``pause``).
 
     Deletes go in bounded batches by primary key, so pruning a large backlog
     never holds long locks or one huge transaction on a table workers claim
@@ -42,6 +48,7 @@ def prune(
     expired = needed(Message.objects.using(alias).in_queues(queues).expired(cutoff))
     total = rounds = 0
     while max_batches is None or rounds < max_batches:
+        began = time.monotonic()
         # On SQLite with its constants written in: bound, they kept the read
         # from delayq_finished_idx, and every round read the whole table.
         found = rows_with_literals(
@@ -61,6 +68,9 @@ def prune(
             if steps:
                 forget(steps, using=alias)
         rounds += 1
+        more = len(ids) == batch_size and (max_batches is None or rounds < max_batches)
+        if more and between is not None:
+            between(time.monotonic() - began)
     return total
 
 

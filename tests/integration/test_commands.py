@@ -109,6 +109,29 @@ def test_prune_command_deletes_old_finished_messages():
     assert not Message.objects.exists()
 
 
+def test_prune_command_waits_between_batches_as_long_as_they_took_times_its_pause(monkeypatch):
+    from types import SimpleNamespace
+
+    from django_delayq import retention
+
+    def finished(count: int) -> None:
+        ids = [enqueue("default", {}).message.pk for _ in range(count)]
+        Message.objects.filter(pk__in=ids).update(
+            status="succeeded", finished_at=timezone.now() - timedelta(hours=2)
+        )
+
+    waits: list[float] = []
+    monkeypatch.setattr(retention, "time", SimpleNamespace(sleep=waits.append))
+    finished(5)
+    assert "deleted 5" in run("delayq_prune", "--older-than", "60", "--batch-size", "2")
+    assert len(waits) == 2  # after the first two full batches: the third is the last
+    finished(3)
+    assert "deleted 3" in run(
+        "delayq_prune", "--older-than", "60", "--batch-size", "1", "--pause", "0"
+    )
+    assert len(waits) == 2
+
+
 @pytest.mark.parametrize(
     ("older_than", "words"),
     [

@@ -102,6 +102,7 @@ def test_every_numeric_option_of_every_command_is_bounded(base_arguments):
         "--priority",
         "--delay",
         "--max-reject-rate",
+        "--pause",
     }
     for name, path, option in numeric:
         for value in NUMBERS_NO_DATABASE_HOLDS:
@@ -166,6 +167,12 @@ def test_a_bad_option_is_a_usage_error_not_a_traceback(worker_env, argv, message
 def test_prune_refuses_a_batch_size_it_cannot_use(size: object):
     with pytest.raises((TypeError, ValueError), match="batch_size must be"):
         prune(batch_size=size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pause", [-1, float("nan"), float("inf"), 101])
+def test_prune_refuses_a_pause_it_cannot_keep(pause: float):
+    with pytest.raises(ValueError, match="pause must be from 0 to 100"):
+        prune(pause=pause)
 
 
 def test_a_worker_name_that_does_not_fit_is_refused_before_the_worker_starts():

@@ -58,6 +58,22 @@ def test_prune_deletes_in_batches_up_to_max_batches(fake_clock: FakeClock) -> No
     assert retention.prune(cutoff, batch_size=2) == 0
 
 
+def test_prune_paces_itself_between_full_batches_only(fake_clock: FakeClock) -> None:
+    """The caller's pacing runs after a full batch that another may follow: never after
+    the last one (nothing is left to spare the workers from), nor at ``max_batches``."""
+    for _ in range(5):
+        finished_message("succeeded", at(-10))
+    took: list[float] = []
+    assert retention.prune(at(0), batch_size=2, between=took.append) == 5
+    assert len(took) == 2 and all(t >= 0 for t in took)  # after 2 and 4, not after the last 1
+
+    for _ in range(4):
+        finished_message("succeeded", at(-10))
+    took.clear()
+    assert retention.prune(at(0), batch_size=2, max_batches=2, between=took.append) == 4
+    assert len(took) == 1  # the second batch is the last this call makes
+
+
 def test_prune_deletes_only_the_given_queues(fake_clock: FakeClock) -> None:
     a = finished_message("succeeded", at(-10), queue="a")
     b = finished_message("succeeded", at(-10), queue="b")

@@ -8,7 +8,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.conf import MAX_PRUNE_BATCH_SIZE
 from django_delayq.management import arguments
-from django_delayq.retention import prune
+from django_delayq.retention import MAX_PRUNE_PAUSE, prune
+
+#: Half the time deleting, half waiting: a claim beside a prune of millions
+#: of rows keeps near its usual times (docs/explanation/performance.md).
+DEFAULT_PAUSE = 1.0
 
 
 class Command(BaseCommand):
@@ -31,6 +35,17 @@ class Command(BaseCommand):
             default=None,
             help=f"Rows deleted per statement, 1 to {MAX_PRUNE_BATCH_SIZE:,}.",
         )
+        parser.add_argument(
+            "--pause",
+            type=arguments.factor(MAX_PRUNE_PAUSE),
+            default=DEFAULT_PAUSE,
+            metavar="FACTOR",
+            help=(
+                "After each batch, wait this many times as long as it took, so that "
+                f"workers keep the server's disk and CPU (default {DEFAULT_PAUSE:g}; "
+                "0 deletes as fast as the server goes)."
+            ),
+        )
         parser.add_argument("--database", default=None, type=arguments.database_alias)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -40,6 +55,7 @@ class Command(BaseCommand):
                 batch_size=options["batch_size"],
                 queues=options["queues"],
                 using=options["database"],
+                pause=options["pause"],
             )
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
