@@ -704,6 +704,33 @@ def test_rows_claimed_for_a_live_worker_whose_claim_reply_was_lost_come_back(set
     assert Message.objects.filter(queue="limited", status="succeeded").count() == 4
 
 
+def test_a_look_for_unheld_rows_that_found_the_database_locked_is_made_again(settings, monkeypatch):
+    """SQLite's lock (another transaction writing) makes the keeper skip its turn
+    without the reconnection that asks for a new look: the look it was making was
+    dropped, and a lost claim's rows stayed running under the live worker for good."""
+    from django.db import OperationalError
+
+    from django_delayq.flow import Scope
+    from django_delayq.store.limits import claim_limited
+
+    settings.DELAYQ = {**settings.DELAYQ, "LEASE": 0.6, "POLL_INTERVAL": 0.1}
+    enqueue_many("limited", [{}] * 4)
+    worker = Worker(["limited"], concurrency=2, burst=True)
+    cap = Scope("limited", "", None, 2)
+    claim_limited(["limited"], 2, [cap], worker=worker.name, lease=timedelta(seconds=0.6))
+    release_unheld, locked = leases.release_unheld, []
+
+    def once_locked(*args, **kwargs):
+        if not locked:
+            locked.append(True)
+            raise OperationalError("database is locked")
+        return release_unheld(*args, **kwargs)
+
+    monkeypatch.setattr(leases, "release_unheld", once_locked)
+    stats = finishes_within(60, worker.run)
+    assert locked and stats[Result.SUCCEEDED] == 4
+
+
 def test_a_claim_landing_while_the_keeper_looks_for_unheld_rows_is_not_handed_back(settings):
     """The keeper looks for rows running under its worker's name that its book does not
     hold. A claim that lands in the book while it looks (the claimer's thread, between
