@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.apps import apps
@@ -61,6 +61,9 @@ PRESENT_FOR = 60.0
 #: (a worker that died between the two): a read of every stand-in of the model,
 #: where the rest of the sweep reads only those still pending.
 CANCELLED_EVERY = 600.0
+#: Every sweep looks for the stand-ins cancelled this long ago or since whose rows
+#: still wait: ``follow`` passes a row another transaction locks.
+RECENTLY_CANCELLED = timedelta(seconds=60)
 
 _INTEGER_KEYS = (models.AutoField, models.BigAutoField, models.SmallAutoField, models.IntegerField)
 
@@ -391,7 +394,9 @@ def follow(alias: str, ids: Iterable[int]) -> None:
 
     A released one's row is scheduled at the stand-in's due time (if it is
     still waiting: pending with no due time), and the stand-in is held again
-    until the row ends; a cancelled one's row is cancelled with its error.
+    until the row ends; a cancelled one's row is cancelled with its error. A row
+    another transaction locks is passed (``_unlocked``): its stand-in stays
+    released, or cancelled, for the sweep.
     """
     ids = sorted(set(ids))
     for chunk in batches(ids):
@@ -412,14 +417,40 @@ def _follow_batch(alias: str, ids: list[int]) -> None:
         waiting = _rows(model, alias).filter(
             pk=key, status=Status.PENDING, next_attempt_time__isnull=True
         )
-        if status == Status.PENDING and due is not None:
-            if waiting.update(next_attempt_time=due):
-                notify(connections[alias], queue_of_rows(model), due)
-            released.append(pk)
-        elif status == Status.CANCELLED:
-            waiting.update(status=Status.CANCELLED, last_error=error, lock_token=None)
+        releasing = status == Status.PENDING and due is not None
+        if not releasing and status != Status.CANCELLED:
+            continue
+        free = _unlocked(waiting, alias)
+        if free is None:
+            continue  # the application holds the row: the sweep follows up once it is free
+        if not releasing:
+            waiting.filter(pk__in=free).update(
+                status=Status.CANCELLED, last_error=error, lock_token=None
+            )
+            continue
+        if free and waiting.filter(pk__in=free).update(next_attempt_time=due):
+            notify(connections[alias], queue_of_rows(model), due)
+        released.append(pk)
     if released:
         stand_ins.filter(pk__in=released, status=Status.PENDING).update(next_attempt_time=None)
+
+
+def _unlocked(rows: models.QuerySet[Any], alias: str) -> list[Any] | None:
+    """The pks of ``rows``, locked now in the caller's transaction; None if another
+    transaction locks one of them.
+
+    The rows are the application's own, and it may hold one for as long as it
+    likes (``select_for_update`` while it edits it): the worker that follows a
+    release (the thread acknowledging, or an executor with its slot) waited
+    for it, and nothing else of that worker ended meanwhile. Passed, it is
+    followed by the sweep (``worker.maintenance``) once it is free.
+    """
+    if not connections[alias].features.has_select_for_update_skip_locked:
+        return [pk for (pk,) in rows.values_list("pk")]
+    free = list(rows.select_for_update(skip_locked=True).values_list("pk", flat=True))
+    if not free and rows.exists():
+        return None
+    return free
 
 
 def queue_of_rows(model: type[models.Model]) -> str:
@@ -491,15 +522,19 @@ def _sweep_model(model: type[models.Model], alias: str, skip_locked: bool) -> li
         for pk, status in rows_with_literals(due.values_list("pk", "status"), alias)
         if status == Status.PENDING
     ]
-    cancelled: list[int] = []
+    waiting_row = row.filter(status=Status.PENDING, next_attempt_time__isnull=True)
+    still = stand_ins.filter(status=Status.CANCELLED, on_parent_failure="cancel").filter(
+        Exists(waiting_row)
+    )
     now = time.monotonic()
     if now - _cancelled_read.get((model, alias), float("-inf")) >= CANCELLED_EVERY:
         _cancelled_read[(model, alias)] = now
-        waiting_row = row.filter(status=Status.PENDING, next_attempt_time__isnull=True)
-        still = stand_ins.filter(status=Status.CANCELLED, on_parent_failure="cancel").filter(
-            Exists(waiting_row)
-        )
-        cancelled = [pk for (pk,) in rows_with_literals(still.values_list("pk"), alias)]
+    else:
+        # Those cancelled lately only (delayq_finished_idx): a row its
+        # application held as its stand-in was cancelled (follow) waits a
+        # sweep, not CANCELLED_EVERY.
+        still = still.filter(finished_at__gte=clock.sql_now_plus(-RECENTLY_CANCELLED))
+    cancelled = [pk for (pk,) in rows_with_literals(still.values_list("pk"), alias)]
     follow(alias, [*released, *cancelled])
     return ended
 

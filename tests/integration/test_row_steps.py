@@ -219,6 +219,40 @@ def test_a_producer_holding_a_rows_stand_in_never_stalls_the_worker(serving_work
     assert started(message(child)) >= fresh(shipment).shipped_at
 
 
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="one writer at a time: no row locks")
+@pytest.mark.parametrize(
+    ("payload", "ended", "then"),
+    [({}, "succeeded", "succeeded"), ({"fail": 2}, "failed", "cancelled")],
+)
+def test_an_application_holding_a_waiting_rows_lock_never_stalls_the_worker(
+    serving_worker, settings, payload, ended, then
+):
+    """A row waits for a message; the application's transaction holds the row's lock
+    (``select_for_update`` as it edits it) when the message ends. The worker
+    scheduled (or cancelled) the row with an update that waited for that lock, in
+    the thread that acknowledges (or with the executor's slot taken): nothing else
+    of the worker's ended meanwhile. It must pass the row, and the sweep follow up
+    once the lock is let go."""
+    settings.DELAYQ = {**settings.DELAYQ, "HEARTBEAT_INTERVAL": 0.5}
+    parent = enqueue("steps", payload)
+    shipment = Shipment.objects.create(reference="edited")
+    shipment.schedule(after=[parent])
+    with _Producer(shipment.pk, model=Shipment):
+        serving_worker(QUEUES, concurrency=1)
+        wait_for(lambda: message(parent).status == ended, message="the parent's end")
+        later = enqueue("steps", {})
+        wait_for(
+            lambda: message(later).status == "succeeded",
+            timeout=20,
+            message="a later message, while the application holds the waiting row",
+        )
+        assert fresh(shipment).status == "pending"  # still waiting
+        assert fresh(shipment).next_attempt_time is None
+    wait_for(lambda: fresh(shipment).status == then, timeout=30, message="the row")
+    if then == "succeeded":
+        assert started(shipment) >= message(parent).finished_at
+
+
 def test_deleting_a_row_lets_what_waits_for_it_go():
     shipment = Shipment.objects.create(reference="gone")
     child = enqueue("steps", {}, after=[shipment])

@@ -556,20 +556,20 @@ def test_an_update_of_a_released_or_finished_step_runs_it_like_any_message(run_w
 
 class _Producer:
     """Another connection's transaction holding a message's row lock (a producer's
-    upsert of its key, a bulk change), until ``release``."""
+    upsert of its key, a bulk change), or a row's of ``model``, until ``release``."""
 
-    def __init__(self, pk):
+    def __init__(self, pk, model=Message):
         import threading
 
         self.locked, self.released = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self._hold, args=(pk,))
+        self.thread = threading.Thread(target=self._hold, args=(pk, model))
 
-    def _hold(self, pk):
+    def _hold(self, pk, model):
         from django.db import connections
 
         try:
             with transaction.atomic():
-                Message.objects.select_for_update().get(pk=pk)
+                model.objects.select_for_update().get(pk=pk)
                 self.locked.set()
                 self.released.wait(60)
         finally:
