@@ -417,20 +417,19 @@ def _follow_batch(alias: str, ids: list[int]) -> None:
         waiting = _rows(model, alias).filter(
             pk=key, status=Status.PENDING, next_attempt_time__isnull=True
         )
-        releasing = status == Status.PENDING and due is not None
-        if not releasing and status != Status.CANCELLED:
-            continue
-        free = _unlocked(waiting, alias)
-        if free is None:
-            continue  # the application holds the row: the sweep follows up once it is free
-        if not releasing:
-            waiting.filter(pk__in=free).update(
-                status=Status.CANCELLED, last_error=error, lock_token=None
-            )
-            continue
-        if free and waiting.filter(pk__in=free).update(next_attempt_time=due):
-            notify(connections[alias], queue_of_rows(model), due)
-        released.append(pk)
+        if status == Status.CANCELLED:
+            free = _unlocked(waiting, alias)
+            if free:  # None: the application holds the row; the sweep cancels it later
+                waiting.filter(pk__in=free).update(
+                    status=Status.CANCELLED, last_error=error, lock_token=None
+                )
+        elif status == Status.PENDING and due is not None:
+            free = _unlocked(waiting, alias)
+            if free is None:
+                continue  # the application holds the row: the sweep schedules it later
+            if free and waiting.filter(pk__in=free).update(next_attempt_time=due):
+                notify(connections[alias], queue_of_rows(model), due)
+            released.append(pk)
     if released:
         stand_ins.filter(pk__in=released, status=Status.PENDING).update(next_attempt_time=None)
 

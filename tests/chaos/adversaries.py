@@ -98,6 +98,12 @@ QUEUES = (
     "adv-flow",
 )
 SQLITE_QUEUES = ("adv-long-atomic",)
+#: The lock holder's ways of holding a row (``hold``), in turn.
+HOLDS = ("lock-upsert", "lock-reprioritise", "lock-step", "lock-row-step")
+#: The queue of the rows (``Shipment``) that lock-row-step schedules after a message,
+#: and that of their stand-ins, which end with them.
+ROWS = "shipments"
+ROWS_STAND_INS = "delayq.row:testapp.shipment"
 #: A message running longer than this (seconds since its attempt began) has no live
 #: executor: no handler of the run takes a quarter of it, even held back by a lock.
 STUCK_AFTER = 40.0
@@ -204,6 +210,11 @@ ADVERSARIES = [
     ),
     Adversary(
         "lock-step",
+        ("postgresql", "mysql"),
+        "SQLite has no row locks: a transaction held open blocks every writer",
+    ),
+    Adversary(
+        "lock-row-step",
         ("postgresql", "mysql"),
         "SQLite has no row locks: a transaction held open blocks every writer",
     ),
@@ -410,16 +421,18 @@ def hold(config: Config) -> None:
     """Hold a running message's row lock for more than two leases, ``holds`` times:
     an upsert (``on_conflict="update"``, due later) or an operator's ``reprioritise``;
     or (``lock-step``) hold, by an upsert of its key, the row of a workflow step
-    waiting for a running parent, while that parent ends."""
+    waiting for a running parent, while that parent ends; or (``lock-row-step``)
+    hold, as an application editing it, a row of its own model (``Shipment``)
+    scheduled after a running parent, while that parent ends."""
     from django.db import transaction
 
     from django_delayq import enqueue, operations
     from django_delayq.models import Message
-    from tests.testapp.models import Operation, Sent
+    from tests.testapp.models import Operation, Sent, Shipment
 
     held = config.lease * 2.5
     for i in range(config.holds):
-        adv = ("lock-upsert", "lock-reprioritise", "lock-step")[i % 3]
+        adv = HOLDS[i % len(HOLDS)]
         # A message may run and end between two looks (a loaded machine, a
         # cut connection): then another one is sent, until one is caught.
         for attempt in range(20):
@@ -443,6 +456,8 @@ def hold(config: Config) -> None:
                         Sent.objects.create(
                             producer=1, queue="adv-held", key=f"{key}-step", outcome="sent"
                         )
+                    elif adv == "lock-row-step":
+                        Shipment.objects.create(reference=f"{key}-row").schedule(after=[parent])
 
             _retrying("a lock holder", send)
 
@@ -476,6 +491,10 @@ def hold(config: Config) -> None:
                             ).outcome.name
                             == "UPDATED"
                         )
+                    elif adv == "lock-row-step":
+                        # The application edits the waiting row as its parent ends.
+                        Shipment.objects.select_for_update().get(reference=f"{key}-row")
+                        changed = 1
                     else:
                         changed = operations.reprioritise(
                             Message.objects.filter(pk=message.pk), 9
@@ -625,7 +644,7 @@ class Run:
 
     def spawn_consumer(self) -> Consumer:
         self._spawned += 1
-        queues = QUEUES + (SQLITE_QUEUES if self.vendor == "sqlite" else ())
+        queues = QUEUES + (SQLITE_QUEUES if self.vendor == "sqlite" else ()) + (ROWS,)
         consumer = spawn_worker(
             [*(a for q in queues for a in ("--queue", q))]
             + ["--concurrency", str(self.config.concurrency), "--batch-size", "8"],
@@ -732,7 +751,7 @@ class Run:
     def active(self) -> int:
         from django_delayq.models import Message
 
-        queues = [q for q in QUEUES if q != "adv-ticks"] + list(SQLITE_QUEUES)
+        queues = [q for q in QUEUES if q != "adv-ticks"] + [*SQLITE_QUEUES, ROWS_STAND_INS]
         return Message.objects.active().filter(queue__in=queues).count()
 
     def undrained(self) -> str:
@@ -1133,7 +1152,7 @@ def check(run: Run, elapsed: float) -> Table:
     # operators: what they did, and that it held
     for op in ops:
         m = messages[op["message_id"]]
-        if op["action"] in ("lock-upsert", "lock-reprioritise", "lock-step"):
+        if op["action"] in HOLDS:
             table.fired[op["action"]] += 1 if op["changed"] else 0
             continue
         table.fired[adv(m)] += 1 if op["changed"] else 0
@@ -1226,6 +1245,25 @@ def check(run: Run, elapsed: float) -> Table:
                 table.violate(name, "step before parent", child_id)
             elif r["started"] < done[-1]["finished"]:
                 table.violate(name, "step before parent", child_id)
+    # rows in workflows (lock-row-step): each ended succeeded, and ran only once its
+    # parent had succeeded, though the application held it as the parent ended
+    from tests.testapp.models import Execution, Shipment
+
+    rows = list(
+        Shipment.objects.filter(reference__startswith="held-").values("pk", "reference", "status")
+    )
+    row_starts: dict[int, list[datetime]] = defaultdict(list)
+    for pk, started in Execution.objects.filter(
+        queue=ROWS, message_id__in=[row["pk"] for row in rows]
+    ).values_list("message_id", "started"):
+        row_starts[pk].append(started)
+    for row in rows:
+        parent = by_key.get(("adv-held", row["reference"].removesuffix("-row")))
+        done = [r for r in runs.get(parent["id"], []) if r["outcome"] == "ok"] if parent else []
+        if row["status"] != "succeeded" or not row_starts[row["pk"]]:
+            table.violate("lock-row-step", "lost or wrong end", row["pk"])
+        if any(not done or started < done[-1]["finished"] for started in row_starts[row["pk"]]):
+            table.violate("lock-row-step", "step before parent", row["pk"])
     table.fired["workflows"] = sum(
         1
         for m in messages.values()
