@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.pressure [--systems delayq procrastinate pgqueuer]
         [--scenarios xmin readers overload] [--rate 100] [--phases 60,120,60]
+        [--rate-of delayq=400 procrastinate=60] [--concurrency 16] [--overload 1.5]
 
 Each system, for each scenario, runs a steady load through three phases
 (clean, the pressure, recovery; ``benchmarks/systems/pressure.py``) with one
@@ -58,13 +59,23 @@ def cluster() -> str:
     return url.rsplit("/", 1)[0]
 
 
+def rate_of(key: str, args: argparse.Namespace) -> float:
+    """The rate offered to this system: ``--rate``, or its own ``--rate-of``."""
+    for item in args.rate_of or ():
+        name, _, rate = item.partition("=")
+        if name == key:
+            return float(rate)
+    return float(args.rate)
+
+
 def run(key: str, scenario: str, args: argparse.Namespace, server: str) -> dict[str, Any]:
     _, module, peer = SYSTEMS[key]
     python = str(PEERS_PYTHON) if peer else sys.executable
     command = [
         python, "-m", module, "pressure", "--scenario", scenario,
-        "--rate", str(args.rate), "--phases", args.phases, "--overload", str(args.overload),
-        "--concurrency", "16", "--queue", "sleep", "--db", f"pressure_{key}",
+        "--rate", str(rate_of(key, args)), "--phases", args.phases,
+        "--overload", str(args.overload),
+        "--concurrency", str(args.concurrency), "--queue", "sleep", "--db", f"pressure_{key}",
     ]  # fmt: skip
     env = {**os.environ, "BENCH_POSTGRES": server, "PYTHONPATH": str(ROOT)}
     env["PYTHONWARNINGS"] = "ignore"
@@ -89,7 +100,7 @@ def rows(results: dict[str, dict[str, dict[str, Any]]]) -> list[list[str]]:
         for key, result in by_system.items():
             if "error" in result or "phases" not in result:
                 error = result.get("error") or f"no phases: {json.dumps(result)[:200]}"
-                out.append([scenario, SYSTEMS[key][0], "error", error, "", "", "", ""])
+                out.append([scenario, SYSTEMS[key][0], "error", error, "", "", "", "", ""])
                 continue
             for phase in result["phases"]:
                 out.append(
@@ -102,6 +113,7 @@ def rows(results: dict[str, dict[str, dict[str, Any]]]) -> list[list[str]]:
                         f"{phase['dead_tuples_end'] or 0:,}",
                         f"{(phase['bytes_end'] or 0) / 2**20:,.1f}",
                         f"{phase['backlog_max'] or 0:,}",
+                        _fmt((phase.get("worker_rss_end") or 0) / 2**20, 0),
                     ]
                 )
     return out
@@ -116,6 +128,7 @@ HEADER = [
     "dead tuples",
     "tables MB",
     "max backlog",
+    "worker MB",
 ]
 
 
@@ -125,19 +138,21 @@ def chart(scenario: str, by_system: dict[str, dict[str, Any]], path: Path) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    fig, axes = plt.subplots(5, 1, figsize=(9, 13), sharex=True)
     panels = [
         ("done_per_s", "completed / s"),
         ("backlog", "backlog (messages)"),
         ("dead_tuples", "dead tuples"),
         ("bytes", "tables + indexes (MB)"),
+        ("worker_rss", "worker memory (MB)"),
     ]
     for key, result in by_system.items():
         if "error" in result or "phases" not in result:
             continue
         t = [s["t"] for s in result["series"]]
         for ax, (field, label) in zip(axes, panels, strict=True):
-            values = [s[field] / (2**20 if field == "bytes" else 1) for s in result["series"]]
+            scale = 2**20 if field in ("bytes", "worker_rss") else 1
+            values = [s.get(field, 0) / scale for s in result["series"]]
             ax.plot(t, values, label=SYSTEMS[key][0])
             ax.set_ylabel(label)
         start, end = result["bounds"][1], result["bounds"][2]
@@ -161,6 +176,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100, help="messages offered per second")
     parser.add_argument("--phases", default="120,600,180", help="clean,pressure,recovery seconds")
     parser.add_argument("--overload", type=float, default=1.5)
+    parser.add_argument(
+        "--rate-of", nargs="+", metavar="SYSTEM=RATE",
+        help="a system's own rate (e.g. half its worker's peak), instead of --rate",
+    )  # fmt: skip
+    parser.add_argument("--concurrency", type=int, default=16, help="the worker's slots")
     parser.add_argument("--no-install", action="store_true", help="do not upgrade the peers")
     args = parser.parse_args()
     if any(SYSTEMS[key][2] for key in args.systems):
@@ -181,9 +201,11 @@ def main() -> None:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M")
     base = RESULTS / f"pressure-{stamp}"
     info = ", ".join(f"{k}: {v}" for k, v in machine().items())
+    rates = ", ".join(f"{SYSTEMS[key][0]} {rate_of(key, args):g}" for key in args.systems)
     text = (
         f"# Steady load under database pressure ({stamp})\n\n"
-        f"{args.rate:g} messages/s offered, one worker of 16 slots, 1 ms jobs; phases "
+        f"{rates} messages/s offered (x{args.overload:g} in an overload phase), one worker of "
+        f"{args.concurrency} slots, 1 ms jobs; phases "
         f"{args.phases} s (clean, pressure, recovery); a PostgreSQL cluster of the run's own "
         f"with default settings. Machine: {info}.\n\n{markdown(HEADER, table)}\n"
     )

@@ -16,10 +16,11 @@ phases. During the middle one the database is put under ``scenario``:
 * ``overload``: the producer offers ``overload`` times the rate.
 
 Every ``SAMPLE`` seconds a sampler reads, for the system's tables, their dead
-tuples (``pg_stat_user_tables``) and their size with indexes, and the
-worker's progress. The result is one JSON line: per phase, the completion
-rate, the pickup p50/p99 of the messages enqueued in it (commit to handler
-start), dead tuples and size at its end, and the time series, which the
+tuples (``pg_stat_user_tables``) and their size with indexes, the worker's
+progress, and its resident memory (with its child processes). The result
+is one JSON line: per phase, the completion rate, the pickup p50/p99 of
+the messages enqueued in it (commit to handler start), dead tuples, size
+and the worker's memory at its end, and the time series, which the
 runner (``benchmarks/pressure.py``) tabulates and charts. It asserts
 nothing. It measures on the server ``BENCH_POSTGRES`` names: a dedicated
 cluster with production settings (autovacuum on), never a shared one.
@@ -103,6 +104,24 @@ class _Pressure:
             conn.rollback()
 
 
+def _rss_bytes(pids: list[int]) -> int:
+    """Resident memory of these processes and their children (Linux's /proc)."""
+    total = 0
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                todo += [int(child) for child in children.read().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+    return total
+
+
 def measure_pressure(
     system: System,
     scenario: str,
@@ -138,6 +157,7 @@ def measure_pressure(
                         "backlog": len(committed) - (done - 1),
                         "dead_tuples": dead,
                         "bytes": size,
+                        "worker_rss": _rss_bytes([proc.pid for proc in workers.procs]),
                     }
                 )
                 last = (now, done)
@@ -195,6 +215,7 @@ def measure_pressure(
                 "dead_tuples_end": inside[-1]["dead_tuples"] if inside else None,
                 "bytes_end": inside[-1]["bytes"] if inside else None,
                 "backlog_max": max(s["backlog"] for s in inside) if inside else None,
+                "worker_rss_end": inside[-1].get("worker_rss") if inside else None,
             }
         )
     return {
