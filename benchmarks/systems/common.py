@@ -185,17 +185,20 @@ class Workers:
             for log in self.logs
         ]
 
-    def probes(self) -> list[dict[str, Any]]:
+    def probes(self, *, starts: bool = True) -> list[dict[str, Any]]:
+        """What each worker's probe wrote; ``starts``: with its latency samples."""
+        from benchmarks.systems.probe import read
+
         found = []
         for path in self.dir.glob("*.json"):
             try:
-                found.append(json.loads(path.read_text()))
+                found.append(read(path, starts=starts))
             except (OSError, ValueError):
                 continue
         return found
 
     def count(self) -> int:
-        return sum(int(p["count"]) for p in self.probes())
+        return sum(int(p["count"]) for p in self.probes(starts=False))
 
     def wait_for(self, n: int, timeout: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout

@@ -2,7 +2,8 @@
 
 A worker process under benchmark imports this module; when ``BENCH_PROBE_DIR``
 is set, each handler call is counted and a background thread writes the
-process's figures to ``$BENCH_PROBE_DIR/<pid>.json`` five times a second, so
+process's figures to ``$BENCH_PROBE_DIR/<pid>.json`` five times a second (and
+its latency samples to ``<pid>.starts``: ``read`` joins them), so
 the runner can follow progress without touching the system's own tables
 (and without adding a query per message). Unset, ``tick`` does nothing.
 
@@ -19,6 +20,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 _DIR = os.environ.get("BENCH_PROBE_DIR")
 _SAMPLES = os.environ.get("BENCH_PROBE_SAMPLES") == "1"
@@ -26,6 +28,7 @@ _SAMPLES = os.environ.get("BENCH_PROBE_SAMPLES") == "1"
 _WALL = os.environ.get("BENCH_PROBE_WALL") == "1"
 _MARK = int(os.environ.get("BENCH_PROBE_MEMORY_MARK", "0") or 0)
 _lock = threading.Lock()
+_write_lock = threading.Lock()  # one writer at a time: the samples before the counts
 _state: dict[str, object] = {"count": 0, "first": None, "last": None, "starts": {}}
 _writer: threading.Thread | None = None
 
@@ -38,14 +41,37 @@ def rss_mib() -> float:
 
 
 def _write() -> None:
+    """Append the samples taken since the last write to ``<pid>.starts``, then replace
+    ``<pid>.json`` with the counts (a reader that sees a count finds its samples).
+
+    Only what is new is written, outside the lock ``tick`` takes: writing every
+    sample each time, under it, cost time in proportion to the messages seen,
+    and at hundreds of thousands of them the handlers waited on the probe."""
     assert _DIR is not None
     path = Path(_DIR) / f"{os.getpid()}.json"
-    with _lock:
-        data = {**_state, "rss_mib": rss_mib()}
-        text = json.dumps(data)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    with _write_lock:
+        with _lock:
+            new, _state["starts"] = _state["starts"], {}
+            data = {key: value for key, value in _state.items() if key != "starts"}
+        if new:
+            with path.with_suffix(".starts").open("a") as starts:
+                starts.write(json.dumps(new) + "\n")
+        data["rss_mib"] = rss_mib()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+
+def read(path: Path, *, starts: bool = True) -> dict[str, Any]:
+    """What a worker's probe wrote (``<pid>.json``), with its samples (``starts``)."""
+    data: dict[str, Any] = json.loads(path.read_text())
+    data["starts"] = {}
+    samples = path.with_suffix(".starts")
+    if starts and samples.exists():
+        for line in samples.read_text().splitlines():
+            if line.endswith("}"):  # a line being appended is read next time
+                data["starts"].update(json.loads(line))
+    return data
 
 
 def _loop() -> None:
