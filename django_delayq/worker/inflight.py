@@ -141,11 +141,12 @@ class Book:
         Rows running under this worker's name that are in neither are handed
         back (``leases.release_unheld``): a claim that is sent but not yet
         added could be either (its rows committed, its thread not yet back);
-        one that failed is no longer on its way. Only a claim old enough to have given leases that lapsed since can
-        hold the lapsed rows the caller asks about: a younger one must not
-        hold them back, or a claim loop that is always claiming (a backlog, a
-        lock wait under a global cap) kept a lost claim's rows from coming
-        back for as long as it was busy.
+        one that failed is no longer on its way. Only a claim old enough to
+        have given leases that lapsed since can hold the lapsed rows the
+        caller asks about: a younger one must not hold them back, or a claim
+        loop that is always claiming (a backlog, a lock wait under a global
+        cap) kept a lost claim's rows from coming back for as long as it was
+        busy.
         """
         with self.cond:
             if any(began < claimed_before for began in self._claiming.values()):
