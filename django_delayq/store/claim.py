@@ -15,11 +15,12 @@ import uuid
 from collections.abc import Collection, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Case, DateTimeField, Expression, F, Model, Q, QuerySet, Value, When
+from django.db.models.expressions import RawSQL
 from django.db.models.sql.subqueries import UpdateQuery
 
 from django_delayq import clock
@@ -38,6 +39,10 @@ from django_delayq.store.sql import statement
 # Matches delayq_claim_idx, so PostgreSQL reads the first rows off the index
 # instead of sorting every due row (adding "id" here forces that sort).
 CLAIM_ORDER = ("-priority", "next_attempt_time")
+
+# Where a floored claim's bound goes in its compiled text (replaced by a
+# parameter once the constants around it are written in: see claim()).
+_FLOOR_MARK = "delayq_floor_mark"
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class _ClaimKey:
     kinds: tuple[frozenset[str], bool] | None = None
     # WORKER_DEAD_AFTER: a running row is taken only from a worker gone this long.
     dead_after: timedelta = timedelta(seconds=30)
+    # Only rows due at or after a bound given with each claim (``since``).
+    floored: bool = False
 
 
 def claim(
@@ -98,6 +105,7 @@ def claim(
     using: str | None = None,
     model: type[Model] = Message,
     kinds: tuple[Collection[str], bool] | None = None,
+    since: datetime | None = None,
 ) -> Claim:
     """Claim up to ``limit`` due rows of ``queues``, highest priority first.
 
@@ -108,6 +116,13 @@ def claim(
     ``leases`` are ignored (the model is the queue) and every row gets ``lease``.
     ``kinds``: ``(kinds, True)`` claims only messages of those kinds,
     ``(kinds, False)`` all but those (a limited kind's claims are separate).
+
+    ``since``: only rows due at or after it (the worker's floor, see
+    ``worker/floors.py``), so that the claim's index scan starts there and
+    never visits the entries of rows claimed and finished before it. Those
+    entries are dead, but while a transaction holds PostgreSQL's vacuum
+    horizon nothing removes them and every claim that starts below them
+    visits each one's row. Honoured on PostgreSQL, ignored elsewhere.
     """
     alias = db_alias(using, model)
     token = uuid.uuid4()
@@ -126,9 +141,11 @@ def claim(
         frozenset((leases or {}).items()),
         None if kinds is None else (frozenset(kinds[0]), kinds[1]),
         to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
+        since is not None and connections[alias].vendor == "postgresql",
     )
     if features(connections[alias]).limit_in_subquery:
-        return Claim(token, _in_running_order(model, _claim_in_one_statement(key, token)))
+        claimed = _claim_in_one_statement(key, token, since)
+        return Claim(token, _in_running_order(model, claimed))
     # MariaDB/MySQL: no UPDATE ... RETURNING, and no LIMIT in an IN
     # subquery: lock the rows we pick (skipping those other workers are
     # picking, so claimers never wait on each other), mark them, read them.
@@ -142,6 +159,35 @@ def claim(
         rows.filter(pk__in=ids).update(**_claim_changes(key), lock_token=token)
     messages = list(rows.filter(lock_token=token, status="running"))
     return Claim(token, _in_running_order(model, messages))
+
+
+def claimable_below(
+    queues: Collection[str],
+    floor: datetime,
+    *,
+    using: str | None = None,
+    model: type[Model] = Message,
+    kinds: tuple[Collection[str], bool] | None = None,
+    dead_after: timedelta | None = None,
+) -> bool:
+    """Whether a claim of ``queues`` (and ``kinds``) could take a row due before ``floor``.
+
+    A read, without locks: a row another transaction locks counts, and the
+    claim that follows skips it again (it is looked for again later).
+    """
+    alias = db_alias(using, model)
+    key = _ClaimKey(
+        model,
+        alias,
+        tuple(queues),
+        1,
+        "",
+        timedelta(0),
+        frozenset(),
+        None if kinds is None else (frozenset(kinds[0]), kinds[1]),
+        dead_after or to_timedelta(get_config()["WORKER_DEAD_AFTER"]),
+    )
+    return _picked(key, before=floor).exists()
 
 
 def _in_running_order(model: type[Model], messages: list[Any]) -> list[Any]:
@@ -173,7 +219,7 @@ def _in_claim_order(sql: str, model: type[Model], connection: Any) -> str:
     return sql.replace(f"FROM {table} WHERE", f"FROM {table} INDEXED BY {index} WHERE")
 
 
-def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
+def _pick(key: _ClaimKey, floor: Expression | None = None) -> tuple[str, tuple[Any, ...]]:
     """The locking pick of the first ``limit`` due rows (their keys), compiled.
 
     Over several queues, each queue's first rows are picked from its own
@@ -184,11 +230,11 @@ def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
     rows beyond the ``limit`` taken stay locked until the claim's statement
     (or transaction) ends: another claim skips them meanwhile, as it skips
     rows being claimed. Called inside a transaction (Django writes ``FOR
-    UPDATE`` only there).
+    UPDATE`` only there). ``floor``: the least due time picked (:func:`claim`'s ``since``).
     """
     connection = connections[key.alias]
     if key.queues is None or len(key.queues) < 2:
-        picked = _picked(key).select_for_update(skip_locked=True)
+        picked = _picked(key, floor=floor).select_for_update(skip_locked=True)
         one_sql, one_params = picked.query.get_compiler(key.alias).as_sql()
         return one_sql, tuple(one_params)
     # The lanes' columns under names of their own: a name of the table's
@@ -200,7 +246,7 @@ def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
     params: list[Any] = []
     for number, queue in enumerate(key.queues):
         lane = replace(key, queues=(queue,))
-        picked = _picked(lane, columns).select_for_update(skip_locked=True)
+        picked = _picked(lane, columns, floor).select_for_update(skip_locked=True)
         lane_sql, lane_params = picked.query.get_compiler(key.alias).as_sql()
         lanes.append(
             statement("claim_lane", features(connection)).format(picked=lane_sql, number=number)
@@ -218,9 +264,16 @@ def _pick(key: _ClaimKey) -> tuple[str, tuple[Any, ...]]:
     return sql, tuple(params)
 
 
-def _picked(key: _ClaimKey, columns: Mapping[str, F] | None = None) -> QuerySet[Any]:
+def _picked(
+    key: _ClaimKey,
+    columns: Mapping[str, F] | None = None,
+    floor: Expression | None = None,
+    *,
+    before: datetime | None = None,
+) -> QuerySet[Any]:
     """The first ``limit`` due rows of the queues, in claim order (their keys, or
-    ``columns``: names and the fields they read).
+    ``columns``: names and the fields they read), none due before ``floor``
+    (or only those due before ``before``).
 
     A grouped message is picked only if its group lets it run
     (:func:`groups.group_clear`); the condition is evaluated for grouped rows
@@ -238,6 +291,10 @@ def _picked(key: _ClaimKey, columns: Mapping[str, F] | None = None) -> QuerySet[
         pids=connection.vendor == "sqlite",
     )
     due = key.model._base_manager.using(key.alias).filter(condition)
+    if floor is not None:
+        due = due.filter(next_attempt_time__gte=floor)
+    if before is not None:
+        due = due.filter(next_attempt_time__lt=before)
     if key.queues is not None:
         due = due.filter(queue__in=list(key.queues))
     if key.kinds is not None:
@@ -274,7 +331,7 @@ def _claim_changes(key: _ClaimKey) -> dict[str, Any]:
     return fit(key.model, changes)
 
 
-_claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...]]] = {}
+_claim_statements: dict[_ClaimKey, tuple[str, tuple[Any, ...], tuple[Any, ...], int]] = {}
 
 
 #: How many rows the last claim of each statement took.
@@ -287,7 +344,9 @@ def forget_compiled_claims() -> None:
     _last_taken.clear()
 
 
-def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
+def _claim_in_one_statement(
+    key: _ClaimKey, token: uuid.UUID, since: datetime | None = None
+) -> list[Any]:
     """Pick, mark and read the claimed rows in one statement (PostgreSQL, SQLite).
 
     ``UPDATE ... WHERE pk IN (<the first due rows> FOR UPDATE SKIP LOCKED)
@@ -299,36 +358,50 @@ def _claim_in_one_statement(key: _ClaimKey, token: uuid.UUID) -> list[Any]:
     write statement at a time, which serialises claims just as well. The
     statement is compiled once per worker, lane and size (while the clock
     is the database's): only the lock token changes from one claim to the
-    next, and compiling it cost as much as running it.
+    next (and a floored claim's ``since``), and compiling it cost as much as
+    running it.
     """
     model, alias = key.model, key.alias
     connection = connections[alias]
-    compiled = None if clock.is_overridden() else _claim_statements.get(key)
+    cache = not clock.is_overridden()
+    compiled = _claim_statements.get(key) if cache else None
     if compiled is None:
+        floor: Expression | None = None
+        if key.floored:
+            # Kept: a mark, made a parameter once the constants are written in.
+            # Built anew: the bound itself.
+            floor = RawSQL(_FLOOR_MARK, ()) if cache else Value(since, DateTimeField())
         # Django writes FOR UPDATE only inside a transaction; the claim runs
         # as one statement, which is a transaction of its own.
         locks = connection.features.has_select_for_update
         with transaction.atomic(using=alias, savepoint=False) if locks else nullcontext():
-            picked_sql, picked_params = _pick(key)
+            picked_sql, picked_params = _pick(key, floor)
         query = UpdateQuery(model)
         query.add_update_values(_claim_changes(key))
         set_sql, set_params = query.get_compiler(alias).as_sql()
-        cache = not clock.is_overridden()
+        floors = 0
         if cache:
             set_sql, set_params = inlined(connection, set_sql, set_params)
             picked_sql, picked_params = inlined(connection, picked_sql, picked_params)
             picked_sql = _in_claim_order(picked_sql, model, connection)
+            # PostgreSQL's constants are all written in: the bounds are the
+            # only parameters after the lock token, in the order they appear.
+            floors = picked_sql.count(f"({_FLOOR_MARK})")
+            assert not (floors and picked_params), "a floored claim's constants are written in"
+            picked_sql = picked_sql.replace(f"({_FLOOR_MARK})", "%s")
         sql = statement("claim", features(connection)).format(
             set=set_sql,
             picked=picked_sql,
             columns=returned_columns(model, connection.ops.quote_name),
             **quote_names(model, connection, "pk", "lock_token"),
         )
-        compiled = (sql, tuple(set_params), tuple(picked_params))
+        compiled = (sql, tuple(set_params), tuple(picked_params), floors)
         if cache:
             _claim_statements[key] = compiled
-    sql, set_params, picked_params = compiled
+    sql, set_params, picked_params, floors = compiled
     token_param = model_field(model, "lock_token").get_db_prep_value(token, connection)
+    if floors:
+        picked_params = (*picked_params, *[since] * floors)
     # Prepared while it takes few rows (an idle worker's pickup, a chain's next
     # step), where planning is most of its cost; planned at each call while it
     # drains a backlog (direct.PREPARED_ROWS).

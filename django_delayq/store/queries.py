@@ -453,13 +453,18 @@ def _column(model: type[models.Model], name: str) -> str:
     return cast(str, _field(model, name).column)
 
 
-_next_due_statements: dict[tuple[type[models.Model], str, tuple[str, ...] | None], Any] = {}
+_next_due_statements: dict[tuple[type[models.Model], str, tuple[str, ...] | None, bool], Any] = {}
 
 
 def next_due(
-    model: type[models.Model], queues: Collection[str] | None, *, using: str
+    model: type[models.Model],
+    queues: Collection[str] | None,
+    *,
+    using: str,
+    since: datetime | None = None,
 ) -> datetime | None:
-    """The earliest due time of ``model``'s active rows (of ``queues``; None: every row).
+    """The earliest due time of ``model``'s active rows (of ``queues``; None: every row),
+    at or after ``since`` (a worker's floor: ``worker/floors.py``).
 
     An idle worker reads it after most wake-ups, so its statement is built
     once per model, database and queues: building the aggregate with the
@@ -467,7 +472,7 @@ def next_due(
     and on the claimer's thread that delayed the start of the handler a
     claim had just handed over (the handler waits for the interpreter lock).
     """
-    key = (model, using, None if queues is None else tuple(sorted(set(queues))))
+    key = (model, using, None if queues is None else tuple(sorted(set(queues))), since is not None)
     compiled = _next_due_statements.get(key)
     connection = connections[using]
     if compiled is None:
@@ -482,10 +487,14 @@ def next_due(
             if names is None
             else f" AND {quote(_column(model, 'queue'))} IN ({', '.join(['%s'] * len(names))})",
         )
+        if key[3]:
+            sql += f" AND {quote(_column(model, 'next_attempt_time'))} >= %s"
         column = Col(model._meta.db_table, field)
         converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
         compiled = _next_due_statements[key] = (sql, list(names or ()), column, converters)
     sql, params, column, converters = compiled
+    if since is not None:
+        params = [*params, since]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()

@@ -243,6 +243,8 @@ class Worker:
             burst=burst,
             on_due=self._due_elsewhere,
             supervisor=self.supervisor,
+            below_floors=self.claimer.below_floors,
+            poll_interval=self.poll_interval,
         )
         self.keeper = Keeper(
             self.book,

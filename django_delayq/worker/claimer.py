@@ -43,6 +43,7 @@ from django_delayq import clock
 from django_delayq.models import Message
 from django_delayq.queues import paused_queues
 from django_delayq.store import claim, limits, queries
+from django_delayq.worker.floors import Floors
 from django_delayq.worker.inflight import Book, InFlight, Lane
 from django_delayq.worker.spacing import Spacing
 from django_delayq.worker.wakeup import Waker
@@ -138,6 +139,10 @@ class Claimer:
         self._paused_read: float | None = None
         # Lanes whose last claim came back short (by identity).
         self._drained: set[int] = set()
+        # Where each lane's claims begin (floors.py), and the LISTEN
+        # connection they were kept under (Waker.listens).
+        self.floors = Floors(book.lanes)
+        self._floors_listen = 0
         self._next_due: datetime | None = None
         self._next_due_read: float | None = None
         self._next_due_skip: frozenset[str] = frozenset()
@@ -185,7 +190,9 @@ class Claimer:
         total = 0
         if self._due_now:
             self._due_now = False
+            self.floors.drop()
             self.undrain()
+        self._follow_notifications()
         self._uncap_after_acks()
         paused = self.paused_now()
         for lane in self.book.lanes:
@@ -215,6 +222,22 @@ class Claimer:
             time.sleep(0)
         return total
 
+    def _follow_notifications(self) -> None:
+        """Keep the lanes' floors only while every notification is heard: lower them
+        to the due times notified; drop them when no LISTEN is open, or a new
+        one is (what was sent between the two was not heard)."""
+        waker = self.waker
+        hears = waker is not None and waker.hears_due
+        self.floors.keep(hears)
+        if waker is None:
+            return
+        dues = waker.take_dues()
+        if waker.listens != self._floors_listen:
+            self._floors_listen = waker.listens
+            self.floors.drop()
+        elif hears:
+            self.floors.heard(dues)
+
     def _claim(
         self, lane: Lane, queues: list[str], limit: int, batch: int
     ) -> tuple[claim.Claim, int]:
@@ -223,6 +246,7 @@ class Claimer:
             return self._claim_limited(lane, queues, limit), limit
         limit = claim_size(limit, batch)
         entity = lane.model is not Message
+        since, ticket = self.floors.start(lane)
         result = claim.claim(
             queues,
             limit,
@@ -234,7 +258,9 @@ class Claimer:
             using=self.using,
             model=lane.model,
             kinds=lane.kinds,
+            since=since,
         )
+        self.floors.claimed(lane, result.messages, limit, ticket)
         return result, limit
 
     def _claim_limited(self, lane: Lane, queues: list[str], limit: int) -> claim.Claim:
@@ -416,6 +442,10 @@ class Claimer:
         if overdue:
             timeout = min(timeout, MIN_LIMIT_SLEEP)
         if self.waker.wait(timeout):
+            if timeout >= self.poll_interval:
+                # Idle for a whole poll interval: a claim from the beginning
+                # costs nothing beside that, and finds what no notification told.
+                self.floors.drop()
             self.undrain()  # the next due time, or the poll interval, has come
             return
         for lane in overdue:
@@ -514,7 +544,12 @@ class Claimer:
 
     def _read_next_due(self, skip: frozenset[str] = frozenset()) -> datetime | None:
         active = [q for q in self.queues if q not in self._paused and q not in skip]
-        next_due = queries.next_due(Message, active, using=self.using) if active else None
+        # From the floors on: what lies below them is the maintenance thread's
+        # to find (floors.py), and reading past it is what the floors avoid.
+        since = self.floors.lowest()
+        next_due = (
+            queries.next_due(Message, active, using=self.using, since=since) if active else None
+        )
         for lane in self.book.lanes:
             if lane.model is Message or lane.queues[0] in self._paused:
                 continue
@@ -522,6 +557,16 @@ class Claimer:
             if due is not None and (next_due is None or due < next_due):
                 next_due = due
         return next_due
+
+    def below_floors(self) -> bool:
+        """Whether a row a lane could claim lies below its floor (the floors are then
+        dropped); the maintenance thread's look, every poll interval."""
+        paused = self._paused
+
+        def active(lane: Lane) -> list[str]:
+            return [q for q in lane.queues if q not in paused]
+
+        return self.floors.below(self.using, active)
 
     def paused_now(self) -> frozenset[str]:
         """This worker's paused queues, read at most once per poll interval.
@@ -534,6 +579,8 @@ class Claimer:
         paused = frozenset(paused_queues(self.queues, using=self.using))
         self._paused_read = now
         if paused != self._paused:
+            # A queue resumed: its rows were not claimed while the floors rose.
+            self.floors.drop()
             self.undrain()
             self.forget_next_due()
         for queue in sorted(paused - self._paused):

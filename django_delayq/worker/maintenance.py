@@ -24,6 +24,8 @@ failed) and tried again at its next turn.
   workflow step whose parents have all finished is released (or cancelled)
   although no worker did it after the parent's outcome
   (``dependencies.settle``).
+* Every ``POLL_INTERVAL``, it looks for rows the claim loop could take
+  below where its claims begin (``worker/floors.py``), and has them claimed.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class Maintenance:
         burst: bool,
         on_due: Callable[[], None] = lambda: None,
         supervisor: Supervisor | None = None,
+        below_floors: Callable[[], bool] | None = None,
+        poll_interval: float = 5.0,
     ) -> None:
         self.book = book
         self.name = name
@@ -125,6 +129,11 @@ class Maintenance:
                 self.release_children,
             )
         )
+        self._below_floors = below_floors
+        if below_floors is not None and not burst:
+            self.tasks.append(
+                _Task("look below the claims' floors", poll_interval, self.look_below_floors)
+            )
 
     def start(self) -> None:
         """Go on on a thread of its own; a ``--burst`` worker's first round is the caller's.
@@ -201,6 +210,12 @@ class Maintenance:
                 len(settled.released),
                 len(settled.cancelled),
             )
+            self._on_due()
+
+    def look_below_floors(self) -> None:
+        # A row no notification told of, below where the claims begin
+        # (worker/floors.py): found within a poll interval, as by a poll.
+        if self._below_floors is not None and self._below_floors():
             self._on_due()
 
     def forget_gone(self) -> None:

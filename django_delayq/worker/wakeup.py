@@ -60,6 +60,11 @@ class Waker:
         # how many notifications for this worker's queues that wait read.
         self.notified: set[str] = set()
         self.heard = 0
+        # The earliest due time notified per queue since take_dues last ran.
+        self._dues: dict[str, datetime] = {}
+        # LISTEN connections opened so far: notifications may have been
+        # missed between two (worker/floors.py).
+        self.listens = 0
         self._using = using
         self._lost_at: float | None = None
         self.mode: Mode | None = None
@@ -68,6 +73,7 @@ class Waker:
             self.mode = self._open_local(using, poll_interval)
         elif listen:
             self._listener, self.mode = open_listener(using, poll_interval)
+            self.listens += self._listener is not None
 
     def _open_local(self, using: str, poll_interval: float) -> Mode:
         where = localwake.directory(connections[using])
@@ -90,6 +96,17 @@ class Waker:
     @property
     def listening(self) -> bool:
         return self._listener is not None or self._local is not None
+
+    @property
+    def hears_due(self) -> bool:
+        """Whether every message written through the database is notified here with
+        its due time (a LISTEN; not local wake-ups, which hear this host's only)."""
+        return self._listener is not None
+
+    def take_dues(self) -> dict[str, datetime]:
+        """The earliest due time notified for each queue since the last call."""
+        dues, self._dues = self._dues, {}
+        return dues
 
     @property
     def how(self) -> str:
@@ -115,6 +132,7 @@ class Waker:
             self._lost_at = time.monotonic()
         else:
             self._lost_at = None
+            self.listens += 1
             logger.warning("LISTEN connection restored")
 
     def wait(self, timeout: float, *, listen: bool = True) -> bool:
@@ -212,6 +230,9 @@ class Waker:
         self.heard += 1
         if self.hint is None or due < self.hint:
             self.hint = due
+        earliest = self._dues.get(body["queue"])
+        if earliest is None or due < earliest:
+            self._dues[body["queue"]] = due
         if due > now:
             heapq.heappush(self._later, (due, body["queue"]))
             if len(self._later) > MAX_LATER:

@@ -514,3 +514,51 @@ def test_forget_compiled_claims_compiles_the_next_claim_again(settings: Any) -> 
     claim._claim_statements[None] = ("stale", (), ())  # type: ignore[index]
     settings.DELAYQ = {**settings.DELAYQ, "POLL_INTERVAL": 1}  # any change of DELAYQ
     assert not claim._claim_statements
+
+
+# -- a claim from a floor (worker/floors.py) -----------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_from_a_floor_takes_no_row_due_before_it_on_postgresql():
+    """Elsewhere ``since`` is ignored: every due row is taken, as before."""
+    moment = clock.now()
+    early = enqueue("default", {"n": 1}).message
+    late = enqueue("default", {"n": 2}).message
+    Message.objects.filter(pk=early.pk).update(next_attempt_time=moment - timedelta(seconds=5))
+    Message.objects.filter(pk=late.pk).update(next_attempt_time=moment - timedelta(seconds=1))
+    floor = moment - timedelta(seconds=2)
+    assert claim.claimable_below(["default"], floor)
+    assert not claim.claimable_below(["other"], floor)
+    taken = claim.claim(["default"], 10, worker="w", lease=LEASE, since=floor)
+    if connection.vendor != "postgresql":
+        assert {m.pk for m in taken.messages} == {early.pk, late.pk}
+        assert not claim.claimable_below(["default"], floor)
+        return
+    assert [m.pk for m in taken.messages] == [late.pk]
+    assert claim.claimable_below(["default"], floor)
+    # From the beginning: the row below it.
+    taken = claim.claim(["default"], 10, worker="w", lease=LEASE)
+    assert [m.pk for m in taken.messages] == [early.pk]
+    assert not claim.claimable_below(["default"], floor)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_from_a_floor_over_several_queues_bounds_each(fake_clock: FakeClock):
+    """The pick of several queues (one lane each, joined) bounds every one of them,
+    with the test clock as with the database's."""
+    moment = clock.now()
+    rows = {
+        (queue, age): enqueue(queue, {"q": queue, "age": age}).message
+        for queue in ("default", "other")
+        for age in (5, 1)
+    }
+    for (_, age), row in rows.items():
+        Message.objects.filter(pk=row.pk).update(next_attempt_time=moment - timedelta(seconds=age))
+    taken = claim.claim(
+        ["default", "other"], 10, worker="w", lease=LEASE, since=moment - timedelta(seconds=2)
+    )
+    expected = {row.pk for (_, age), row in rows.items() if age == 1}
+    if connection.vendor != "postgresql":
+        expected = {row.pk for row in rows.values()}
+    assert {m.pk for m in taken.messages} == expected
