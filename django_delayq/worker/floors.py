@@ -50,9 +50,13 @@ from django_delayq.worker.inflight import Lane
 #: transaction commits within it is still claimed at once.
 GRACE = timedelta(seconds=1)
 
-#: How far below a notification's due time the floors go: the due time
-#: travels as a float of seconds, which may round a microsecond up.
-NOTIFY_SLACK = timedelta(milliseconds=1)
+#: How far below a notification's due time the floors go. The due time
+#: travels as a float of seconds, which may round a microsecond up, and
+#: some writers stamp the row with the database's clock but notify with
+#: their host's (a release, a group let go): a host a little ahead would
+#: otherwise lower the floor to just above the row. A second more of the
+#: index costs a claim next to nothing.
+NOTIFY_SLACK = timedelta(seconds=1)
 
 
 def floored(lane: Lane) -> bool:
@@ -64,7 +68,10 @@ class Floors:
     """The floors of a worker's lanes, by lane (identity)."""
 
     def __init__(self, lanes: Iterable[Lane]) -> None:
+        lanes = list(lanes)
         self._lanes = [lane for lane in lanes if floored(lane)]
+        # The message table's lanes that begin at the beginning (global limits).
+        self._unfloored = any(lane.model is Message and not floored(lane) for lane in lanes)
         self._floors: dict[int, datetime] = {}
         # Drops so far: a claim that began before a drop raises no floor.
         self._drops = 0
@@ -86,10 +93,10 @@ class Floors:
             return self._floors.get(id(lane)), self._drops
 
     def lowest(self) -> datetime | None:
-        """The lowest floor, or None if a lane has none (the idle worker's read of the
-        next due time begins there)."""
+        """The lowest floor, or None if a lane of the message table has none (the idle
+        worker's read of the next due time begins there)."""
         floors = [self._floors.get(id(lane)) for lane in self._lanes]
-        if not floors or None in floors:
+        if self._unfloored or not floors or None in floors:
             return None
         return min(f for f in floors if f is not None)
 

@@ -58,6 +58,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tests.chaos.common import (
@@ -338,6 +339,7 @@ def workload(config: Config, vendor: str) -> list[dict[str, Any]]:
             add("adv-op", f"op-cancel{tag}", adv, payload={"expect": "cancelled"}, delay=3600)
             add("adv-op", f"op-reschedule{tag}", adv, delay=3600)
             add("adv-op", f"op-reprioritise{tag}", adv, delay=3600)
+            add("adv-op", f"op-backdate{tag}", adv, delay=3600)
             add("adv-op", f"op-retry{tag}", adv, payload={"fail": 1}, max_attempts=1)
     for g in range(config.groups):
         for v in range(3 if g < config.long_groups else 1):
@@ -584,11 +586,20 @@ def operate(config: Config, offset: float) -> None:
         )
         act("reprioritise", f"op-reprioritise{tag}-{i}", lambda r: operations.reprioritise(r, 5))
         act("run_now", f"op-reprioritise{tag}-{i}", operations.run_now)
+        # The project's own UPDATE, with no NOTIFY: due a minute ago, below where
+        # listening workers' claims begin (worker/floors.py).
+        act(
+            "backdate",
+            f"op-backdate{tag}-{i}",
+            lambda r: SimpleNamespace(
+                changed=r.update(next_attempt_time=real_now() - timedelta(minutes=1))
+            ),
+        )
         _poll(
             lambda i=i: failed(f"op-retry{tag}-{i}"), f"op-retry{tag}-{i} to fail", config.timeout
         )
         act("retry", f"op-retry{tag}-{i}", operations.retry_failed)
-    print(f"operator {tag}: {config.operations * 5} actions", flush=True)
+    print(f"operator {tag}: {config.operations * 6} actions", flush=True)
 
 
 # -- the run ---------------------------------------------------------------------
@@ -1157,6 +1168,8 @@ def check(run: Run, elapsed: float) -> Table:
             continue
         table.fired[adv(m)] += 1 if op["changed"] else 0
         rs = runs.get(op["message_id"], [])
+        if op["action"] == "backdate" and not op["changed"]:
+            table.violate(adv(m), "lost or wrong end", m["id"])
         if op["action"] == "cancel" and (rs or not op["changed"]):
             table.violate(adv(m), "lost or wrong end", m["id"])
         if op["action"] == "reschedule":

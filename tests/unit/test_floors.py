@@ -125,11 +125,20 @@ def test_no_floor_is_kept_where_notifications_are_not_heard():
     floors.claimed(lane, [SimpleNamespace(last_attempt_time=at(10))], 5, ticket)
     assert floors.start(lane)[0] is None
     limited = Lane(queues=["q"], cap=1, limits=(object(),))  # type: ignore[arg-type]
-    floors = Floors([limited])
+    floors = Floors([lane, limited])
     floors.keep(True)
-    _, ticket = floors.start(limited)
-    floors.claimed(limited, [SimpleNamespace(last_attempt_time=at(10))], 5, ticket)
+    for each in (lane, limited):
+        _, ticket = floors.start(each)
+        floors.claimed(each, [SimpleNamespace(last_attempt_time=at(10))], 5, ticket)
+    assert floors.start(lane)[0] == at(10) - GRACE
     assert floors.start(limited)[0] is None
+    # The next due time is read from the beginning: the limited lane's rows too.
+    assert floors.lowest() is None
+    floors = Floors([lane])
+    floors.keep(True)
+    _, ticket = floors.start(lane)
+    floors.claimed(lane, [SimpleNamespace(last_attempt_time=at(10))], 5, ticket)
+    assert floors.lowest() == at(10) - GRACE
 
 
 event = st.one_of(
