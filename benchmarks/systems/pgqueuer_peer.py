@@ -5,7 +5,8 @@
 
 Entrypoints are coroutines in one event loop that dequeues batches of 10
 (PGQueuer's default ``batch_size``) and runs a batch concurrently: there is
-no thread concurrency to set, so the concurrency-4 row is not applicable.
+no thread concurrency to set, so the concurrency-4 row is not applicable
+(the pressure runs take it as it is, whatever ``--concurrency`` says).
 Its one-shot mode is ``QueueManager.run(mode=QueueExecutionMode.drain)``
 (``worker --drain`` here): exit once the queue is empty.
 """
@@ -95,7 +96,9 @@ class PGQueuer(System):
         return n - (int(row[0]) if row else 0)
 
     def supports(self, metric: str, concurrency: int = 1) -> bool:
-        return concurrency == 1
+        # Under pressure the steady load needs a worker, whatever its slots:
+        # PGQueuer's are its batch of ten coroutines at once.
+        return concurrency == 1 or metric == "pressure"
 
     def close(self) -> None:
         if self._conn is not None:

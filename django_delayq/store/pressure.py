@@ -192,8 +192,9 @@ def _pg_horizon(connection: BaseDatabaseWrapper, limits: Limits) -> list[Check]:
                 f"{len(sessions)} open over {_age(seconds)}, oldest first: {listed}"
                 + _more(len(sessions)),
                 problem=True,
-                advice="they keep vacuum from removing the queue's dead rows, and every "
-                f"claim steps over more of them: end them (SELECT pg_terminate_backend({pid})), "
+                advice="they keep vacuum from removing the queue's dead rows, so its tables "
+                "grow (and a polling worker's claims step over more of them): end them "
+                f"(SELECT pg_terminate_backend({pid})), "
                 "and set idle_in_transaction_session_timeout for the role that left them",
             )
         )
