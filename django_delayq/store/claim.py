@@ -41,7 +41,7 @@ from django_delayq.store.sql import statement
 CLAIM_ORDER = ("-priority", "next_attempt_time")
 
 # Where a floored claim's bound goes in its compiled text (replaced by a
-# parameter once the constants around it are written in: see claim()).
+# parameter once the constants around it are written in: _claim_in_one_statement).
 _FLOOR_MARK = "delayq_floor_mark"
 
 
