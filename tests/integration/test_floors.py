@@ -162,14 +162,13 @@ def test_a_listen_connection_lost_drops_the_floors(serving_worker):
     with stream() as sent:
         floor_past(worker, timezone.now())
         worker.maintenance._below_floors = lambda: False
-        listens = worker.claimer.waker.listens
-        # The listener's backend ends: notifications sent until the worker
-        # listens again are lost, so its claims must begin at the beginning.
+        waker = worker.claimer.waker
+        listens = waker.listens
+        # This worker's listener's backend ends (its own: another test's, or a
+        # pooled server connection, must not): notifications sent until the
+        # worker listens again are lost, so its claims must begin at the beginning.
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
-            )
+            cursor.execute("SELECT pg_terminate_backend(%s)", [waker._listener.info.backend_pid])
         row = hidden_row()
         Message.objects.filter(pk=row.pk).update(
             next_attempt_time=timezone.now() - timedelta(minutes=5)
