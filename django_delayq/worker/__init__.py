@@ -243,7 +243,8 @@ class Worker:
             burst=burst,
             on_due=self._due_elsewhere,
             supervisor=self.supervisor,
-            below_floors=self.claimer.below_floors,
+            # No look below floors no lane of this worker keeps.
+            below_floors=self.claimer.below_floors if self.claimer.floors.any_lane else None,
             poll_interval=self.poll_interval,
         )
         self.keeper = Keeper(

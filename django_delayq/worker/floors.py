@@ -81,10 +81,19 @@ class Floors:
         self._lock = threading.Lock()
 
     def keep(self, kept: bool) -> None:
-        """Keep floors (every notification is heard), or none from now on."""
-        self._kept = kept
-        if not kept:
+        """Keep floors (every notification is heard), or none from now on.
+
+        Called at every round: only the change from kept to not kept drops
+        the floors (a polling worker has none to drop, round after round).
+        """
+        was, self._kept = self._kept, kept
+        if was and not kept:
             self.drop()
+
+    @property
+    def any_lane(self) -> bool:
+        """Whether some lane may keep a floor (else there is nothing to look below)."""
+        return bool(self._lanes)
 
     def start(self, lane: Lane) -> tuple[datetime | None, int]:
         """Where a claim of ``lane`` begins (None: at the beginning), and the ticket

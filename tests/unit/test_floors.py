@@ -141,6 +141,21 @@ def test_no_floor_is_kept_where_notifications_are_not_heard():
     assert floors.lowest() == at(10) - GRACE
 
 
+def test_floors_are_dropped_when_notifications_stop_being_heard_not_at_every_round():
+    floors, lane = fresh()
+    _, ticket = floors.start(lane)
+    floors.claimed(lane, [SimpleNamespace(last_attempt_time=at(10))], 5, ticket)
+    floors.keep(True)  # the next round: still heard, the floor stays
+    assert floors.start(lane)[0] == at(10) - GRACE
+    floors.keep(False)
+    assert floors.start(lane)[0] is None
+    _, ticket = floors.start(lane)
+    floors.keep(False)  # a polling worker's next round drops nothing (no new ticket)
+    assert floors.start(lane)[1] == ticket
+    assert Floors([lane]).any_lane
+    assert not Floors([Lane(queues=["q"], cap=1, limits=(object(),))]).any_lane  # type: ignore[arg-type]
+
+
 event = st.one_of(
     # A producer: due this many seconds from now, notified or not, committing later.
     st.tuples(
