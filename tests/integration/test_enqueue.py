@@ -184,6 +184,22 @@ def test_enqueue_many_without_keys_gives_unique_keys():
     assert len({r.message.key for r in results}) == 3
 
 
+def test_generated_keys_are_uuid7s_in_the_order_they_were_made(monkeypatch):
+    """The key's unique index takes each new key at the end of its queue's range."""
+    import time
+    import uuid
+
+    made = []
+    for millis in (1_700_000_000_000, 1_700_000_000_001, 1_800_000_000_000):
+        monkeypatch.setattr(time, "time_ns", lambda m=millis: m * 1_000_000)
+        made += [r.message.key for r in enqueue_many("default", [{}] * 50)]
+    assert len(set(made)) == len(made)
+    parsed = [uuid.UUID(k) for k in made]
+    assert {(u.version, u.variant) for u in parsed} == {(7, uuid.RFC_4122)}
+    assert [k[:12] for k in made] == sorted(k[:12] for k in made)  # the time comes first
+    assert int(made[-1][:12], 16) == 1_800_000_000_000
+
+
 def test_enqueue_many_of_10000_takes_a_handful_of_round_trips():
     with CaptureQueriesContext(connection) as queries:
         results = enqueue_many("default", [{"i": i} for i in range(10_000)])
