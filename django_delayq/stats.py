@@ -88,6 +88,8 @@ def queue_stats(queues: list[str] | None = None, using: str | None = None) -> li
 
 WINDOW_SHORT = timedelta(minutes=5)
 WINDOW_LONG = timedelta(hours=1)
+#: The dashboard counts each queue's failed messages up to this many ("10,000+").
+FAILED_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class QueueFigures:
     leased: int = 0
     waiting: int = 0
     failed: int = 0
+    #: More failed messages are kept than ``failed`` (counted up to ``FAILED_CAP``).
+    failed_more: bool = False
     oldest_due: datetime | None = None
     succeeded_short: int = 0
     failed_short: int = 0
@@ -181,7 +185,7 @@ def dashboard(queues: list[str] | None = None, using: str | None = None) -> Dash
     rows = Message.objects.using(alias).in_queues(queues)
     paused = paused_queues(queues, using=alias)
     shown = paused | (set(registry.queues()) if queues is None else set(queues))
-    figures = _figures(rows, now, shown, paused)
+    figures = _figures(rows, now, shown, paused, failed_cap=FAILED_CAP)
     return Dashboard(
         now=now,
         queues=figures,
@@ -196,11 +200,15 @@ def _figures(
     now: datetime,
     shown: AbstractSet[str] = frozenset(),
     paused: AbstractSet[str] = frozenset(),
+    *,
+    failed_cap: int | None = None,
 ) -> list[QueueFigures]:
     """Each queue's figures, by name, from indexed queries only: every queue with a live
-    message, a failed one kept or one finished in the last hour, and ``shown``."""
+    message, a failed one kept or one finished in the last hour, and ``shown``;
+    failed ones counted up to ``failed_cap`` (None: all)."""
     active = rows.depth_by_queue(now)
-    failed = rows.failed_by_queue()
+    failed = rows.failed_by_queue(failed_cap)
+    more = {q for q, n in failed.items() if failed_cap is not None and n > failed_cap}
     waiting = rows.waiting_by_queue()
     windows = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
     names = set(active) | set(failed) | set(windows) | set(shown)
@@ -208,7 +216,8 @@ def _figures(
         QueueFigures(
             queue=name,
             now=now,
-            failed=failed.get(name, 0),
+            failed=failed_cap if name in more else failed.get(name, 0),
+            failed_more=name in more,
             waiting=waiting.get(name, 0),
             paused=name in paused,
             **active.get(name, {}),
@@ -224,4 +233,10 @@ def _totals(figures: list[QueueFigures], now: datetime) -> QueueFigures:
         for name in (*_ACTIVE_FIELDS, "failed", "waiting", *_WINDOW_FIELDS)
     }
     dues = [f.oldest_due for f in figures if f.oldest_due is not None]
-    return QueueFigures(queue="", now=now, oldest_due=min(dues) if dues else None, **sums)
+    return QueueFigures(
+        queue="",
+        now=now,
+        oldest_due=min(dues) if dues else None,
+        failed_more=any(f.failed_more for f in figures),
+        **sums,
+    )

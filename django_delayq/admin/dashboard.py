@@ -100,9 +100,10 @@ def _cells(
     cells = {}
     for name, params in columns:
         value = getattr(figures, name)
+        more = name == "failed" and figures.failed_more  # counted up to stats.FAILED_CAP
         cells[name] = {
             "value": value,
-            "text": f"{value:,}",
+            "text": f"{value:,}+" if more else f"{value:,}",
             "url": changelist_url(model_admin, {**queue, **params}, base),
         }
     return cells

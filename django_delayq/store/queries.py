@@ -265,12 +265,28 @@ class MessageQuerySet(QueueQuerySet[Any]):
         rows = self.filter(waiting_rows()).values("queue").order_by().annotate(n=Count("queue"))
         return {row["queue"]: row["n"] for row in rows}
 
-    def failed_by_queue(self) -> dict[str, int]:
-        """Failed rows still kept, per queue (``delayq_failed_idx``)."""
-        rows = (
-            self.filter(status=Status.FAILED).values("queue").order_by().annotate(n=Count("queue"))
-        )
-        return {row["queue"]: row["n"] for row in rows}
+    def failed_by_queue(self, cap: int | None = None) -> dict[str, int]:
+        """Failed rows still kept, per queue (``delayq_failed_idx``); with ``cap``, each
+        queue's counted only up to ``cap + 1``.
+
+        Why the cap: an exact count reads every failed row kept, and a week of
+        retention at a few percent of failures is hundreds of thousands of them
+        (a quarter of a second of the dashboard's time at ten million kept
+        messages). Capped, each queue is one probe of the index for its name
+        (the next name after the last: a skip over the index) and a read of at
+        most ``cap + 1`` entries.
+        """
+        failed = self.filter(status=Status.FAILED)
+        if cap is None:
+            rows = failed.values("queue").order_by().annotate(n=Count("queue"))
+            return {row["queue"]: row["n"] for row in rows}
+        names = failed.order_by("queue").values_list("queue", flat=True)
+        counts = {}
+        name = names.first()
+        while name is not None:
+            counts[name] = failed.filter(queue=name).order_by()[: cap + 1].count()
+            name = names.filter(queue__gt=name).first()
+        return counts
 
     def finished_by_queue(self, since: datetime, recent: datetime) -> dict[str, dict[str, Any]]:
         """Per queue: rows finished since ``since``, and since ``recent`` (a range on

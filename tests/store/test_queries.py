@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from django.test.utils import CaptureQueriesContext
 
 from django_delayq.models import Message
@@ -21,6 +23,7 @@ from django_delayq.status import Status
 from django_delayq.store import queries
 from django_delayq.store.queries import distinct_values, estimated_count
 from tests.conftest import FakeClock
+from tests.factories import MessageFactory
 from tests.store.tables import Table, can
 
 pytestmark = pytest.mark.django_db
@@ -357,6 +360,32 @@ def test_depth_by_queue_counts_the_active_rows_per_queue(now: datetime) -> None:
 def test_failed_by_queue_counts_failed_rows_per_queue(now: datetime) -> None:
     message_rows()
     assert Message.objects.failed_by_queue() == {"a": 1, "b": 1}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    failed=st.dictionaries(st.sampled_from(["a", "b", "b-1", "é", "z" * 40]), st.integers(0, 7)),
+    others=st.lists(st.sampled_from(["a", "c", "é"]), max_size=4),
+    cap=st.integers(0, 6),
+)
+def test_failed_by_queue_capped_counts_each_queue_up_to_one_past_the_cap(
+    now: datetime, failed: dict[str, int], others: list[str], cap: int
+) -> None:
+    """The dashboard's count: every queue with a failed row, none other (a live or a
+    succeeded row's queue is not one), each exact up to ``cap + 1``."""
+    Message.objects.all().delete()
+    rows = [
+        MessageFactory.build(queue=queue, status=Status.FAILED, finished_at=t(-i))
+        for queue, n in failed.items()
+        for i in range(n)
+    ]
+    rows += [MessageFactory.build(queue=queue, status=Status.SUCCEEDED) for queue in others]
+    rows += [MessageFactory.build(queue=queue) for queue in others]
+    Message.objects.bulk_create(rows)
+    assert Message.objects.failed_by_queue(cap) == {
+        q: min(n, cap + 1) for q, n in failed.items() if n
+    }
+    assert Message.objects.failed_by_queue() == {q: n for q, n in failed.items() if n}
 
 
 def test_finished_by_queue_counts_the_long_and_the_short_window(now: datetime) -> None:
