@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from django.test.utils import CaptureQueriesContext
 
 from django_delayq.models import Message
 from django_delayq.status import Status
@@ -362,7 +362,9 @@ def test_failed_by_queue_counts_failed_rows_per_queue(now: datetime) -> None:
     assert Message.objects.failed_by_queue() == {"a": 1, "b": 1}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     failed=st.dictionaries(st.sampled_from(["a", "b", "b-1", "é", "z" * 40]), st.integers(0, 7)),
     others=st.lists(st.sampled_from(["a", "c", "é"]), max_size=4),
