@@ -21,7 +21,7 @@ from django_delayq.models import Message
 from django_delayq.queues import paused_queues
 from django_delayq.registry import registry
 from django_delayq.routers import queue_alias
-from django_delayq.store.queries import estimated_count, minute
+from django_delayq.store.queries import FINISHED_WINDOWS, estimated_count, minute
 
 S = Message.Status
 
@@ -147,13 +147,6 @@ class Dashboard:
 
 
 _ACTIVE_FIELDS = ("pending", "running", "due", "scheduled", "retrying", "leased")
-_WINDOW_FIELDS = (
-    "succeeded_short",
-    "failed_short",
-    "succeeded_long",
-    "failed_long",
-    "cancelled_long",
-)
 
 
 def throughput(
@@ -208,7 +201,10 @@ def _figures(
     failed ones counted up to ``failed_cap`` (None: all)."""
     active = rows.depth_by_queue(now)
     failed = rows.failed_by_queue(failed_cap)
-    more = {q for q, n in failed.items() if failed_cap is not None and n > failed_cap}
+    more = set()
+    if failed_cap is not None:
+        more = {q for q, n in failed.items() if n > failed_cap}
+        failed = {q: min(n, failed_cap) for q, n in failed.items()}
     waiting = rows.waiting_by_queue()
     windows = rows.finished_by_queue(now - WINDOW_LONG, now - WINDOW_SHORT)
     names = set(active) | set(failed) | set(windows) | set(shown)
@@ -216,7 +212,7 @@ def _figures(
         QueueFigures(
             queue=name,
             now=now,
-            failed=failed_cap if name in more else failed.get(name, 0),
+            failed=failed.get(name, 0),
             failed_more=name in more,
             waiting=waiting.get(name, 0),
             paused=name in paused,
@@ -230,7 +226,7 @@ def _figures(
 def _totals(figures: list[QueueFigures], now: datetime) -> QueueFigures:
     sums = {
         name: sum(getattr(f, name) for f in figures)
-        for name in (*_ACTIVE_FIELDS, "failed", "waiting", *_WINDOW_FIELDS)
+        for name in (*_ACTIVE_FIELDS, "failed", "waiting", *FINISHED_WINDOWS)
     }
     dues = [f.oldest_due for f in figures if f.oldest_due is not None]
     return QueueFigures(

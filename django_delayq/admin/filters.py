@@ -232,6 +232,7 @@ LINKED_LOOKUPS = frozenset(
         "next_attempt_time__lte",
         "next_attempt_time__gt",
         "finished_at__gte",
+        "last_attempt_time__gte",
         "error_fingerprint",
         "key__startswith",
     }

@@ -13,6 +13,7 @@ through the ``EXTRA_URLS`` hook when ``django_delayq.admin`` imports this module
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -26,7 +27,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 from django.utils.translation import gettext_noop
 
-from django_delayq import operations, triage
+from django_delayq import clock, operations, triage
 from django_delayq.admin.dashboard import admin_url, changelist_url
 from django_delayq.admin.messages import EXTRA_URLS, OBJECT_TOOLS
 from django_delayq.admin.payload import UndecodablePayload, pretty_json
@@ -54,6 +55,23 @@ def _queue_filter(request: HttpRequest) -> str | None:
     return queue[:QUEUE_MAX_LENGTH] or None
 
 
+#: The failures page's windows: the failing messages whose last attempt was in it.
+#: The last day by default: "all" reads every failure retention keeps.
+WINDOWS: dict[str, tuple[timedelta | None, str]] = {
+    "1h": (timedelta(hours=1), gettext_noop("last hour")),
+    "24h": (timedelta(days=1), gettext_noop("last 24 hours")),
+    "7d": (timedelta(days=7), gettext_noop("last 7 days")),
+    "all": (None, gettext_noop("all kept")),
+}
+DEFAULT_WINDOW = "24h"
+
+
+def _window(request: HttpRequest) -> str:
+    """The window asked for; an unknown one is the default (a hand-edited URL)."""
+    seen = request.GET.get("seen", DEFAULT_WINDOW)
+    return seen if seen in WINDOWS else DEFAULT_WINDOW
+
+
 def _queue_query(queue: str | None) -> str:
     return f"?{urlencode({'queue': queue})}" if queue else ""
 
@@ -70,9 +88,14 @@ def _context(request: HttpRequest, model_admin: ModelAdmin[Any], title: str) -> 
 
 
 def _group_links(
-    model_admin: ModelAdmin[Any], group: triage.FailureGroup, queue: str | None
+    model_admin: ModelAdmin[Any],
+    group: triage.FailureGroup,
+    queue: str | None,
+    since: datetime | None = None,
 ) -> dict[str, str]:
-    base = {"error_fingerprint": group.fingerprint, "queue": queue}
+    """The group's messages counted on the page (those of the window), its newest
+    one, and its actions, which act on the whole group."""
+    base = {"error_fingerprint": group.fingerprint, "queue": queue, "last_attempt_time__gte": since}
     action_query = _queue_query(queue)
     return {
         # As triage.failing(): failed, or pending again after a failed attempt
@@ -96,11 +119,25 @@ def failures_view(request: HttpRequest, model_admin: ModelAdmin[Any]) -> Templat
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     queue = _queue_filter(request)
-    groups = triage.failure_groups([queue] if queue else None)
+    seen = _window(request)
+    window = WINDOWS[seen][0]
+    since = clock.now() - window if window is not None else None
+    groups = triage.failure_groups([queue] if queue else None, since=since)
     context = {
         **_context(request, model_admin, _("Failures")),
         "queue": queue,
-        "groups": [{"group": g, "links": _group_links(model_admin, g, queue)} for g in groups],
+        "seen": seen,
+        "windows": [
+            {
+                "value": value,
+                "label": _(label),
+                "url": "?" + urlencode({"seen": value, **({"queue": queue} if queue else {})}),
+            }
+            for value, (_span, label) in WINDOWS.items()
+        ],
+        "groups": [
+            {"group": g, "links": _group_links(model_admin, g, queue, since)} for g in groups
+        ],
         "can_change": model_admin.has_change_permission(request),
     }
     request.current_app = model_admin.admin_site.name

@@ -13,8 +13,6 @@ managers): it works on ``self.model`` and the status values of
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self, TypeVar, cast
@@ -125,6 +123,16 @@ def held_condition(now: Now | None = None) -> Q:
 def retrying_condition() -> Q:
     """Pending again after at least one failed attempt."""
     return Q(status=Status.PENDING, attempt_count__gt=0)
+
+
+#: The figures of ``MessageQuerySet.finished_by_queue``.
+FINISHED_WINDOWS = (
+    "succeeded_short",
+    "failed_short",
+    "succeeded_long",
+    "failed_long",
+    "cancelled_long",
+)
 
 
 def failing_condition() -> Q:
@@ -289,29 +297,39 @@ class MessageQuerySet(QueueQuerySet[Any]):
         return counts
 
     def finished_by_queue(self, since: datetime, recent: datetime) -> dict[str, dict[str, Any]]:
-        """Per queue: rows finished since ``since``, and since ``recent`` (a range on
-        ``delayq_finished_idx``).
+        """Per queue: rows finished since ``since``, and since ``recent``, from
+        ``delayq_finished_idx`` alone (it holds the queue).
 
-        One condition per status: ``status IN (finished)`` is the index's own
-        condition, so PostgreSQL would drop it and read the whole index for the
-        ``finished_at`` range; ``status = s AND finished_at >= since`` is a
-        range of the index per status (a bitmap OR of three short scans).
+        Two ranges of the index: succeeded and failed, then cancelled.
+        ``status IN`` all three finished statuses is the index's own condition,
+        so PostgreSQL would drop it and read the whole index for the
+        ``finished_at`` range; one condition per status (a bitmap OR of three
+        ranges) cannot be answered from the index alone, and read a page of
+        the table per row.
         """
         short = Q(finished_at__gte=recent)
-        recent_rows = [Q(status=status, finished_at__gte=since) for status in FINISHED]
-        rows = (
-            self.filter(functools.reduce(operator.or_, recent_rows))
-            .values("queue")
-            .order_by()
-            .annotate(
-                succeeded_short=Count("status", filter=Q(status=Status.SUCCEEDED) & short),
-                failed_short=Count("status", filter=Q(status=Status.FAILED) & short),
-                succeeded_long=Count("status", filter=Q(status=Status.SUCCEEDED)),
-                failed_long=Count("status", filter=Q(status=Status.FAILED)),
-                cancelled_long=Count("status", filter=Q(status=Status.CANCELLED)),
+        figures: dict[str, dict[str, Any]] = {}
+        for statuses, counts in (
+            (
+                (Status.SUCCEEDED, Status.FAILED),
+                {
+                    "succeeded_short": Count("status", filter=Q(status=Status.SUCCEEDED) & short),
+                    "failed_short": Count("status", filter=Q(status=Status.FAILED) & short),
+                    "succeeded_long": Count("status", filter=Q(status=Status.SUCCEEDED)),
+                    "failed_long": Count("status", filter=Q(status=Status.FAILED)),
+                },
+            ),
+            ((Status.CANCELLED,), {"cancelled_long": Count("status")}),
+        ):
+            rows = (
+                self.filter(status__in=statuses, finished_at__gte=since)
+                .values("queue")
+                .order_by()
+                .annotate(**counts)
             )
-        )
-        return {row.pop("queue"): row for row in rows}
+            for row in rows:
+                figures.setdefault(row.pop("queue"), dict.fromkeys(FINISHED_WINDOWS, 0)).update(row)
+        return figures
 
     def finished_per_minute(self, since: datetime) -> dict[tuple[datetime, str], int]:
         """Succeeded and failed rows per minute (UTC) and status since ``since``."""
@@ -324,12 +342,15 @@ class MessageQuerySet(QueueQuerySet[Any]):
         )
         return {(minute(row["minute"]), row["status"]): row["n"] for row in rows}
 
-    def failure_groups(self) -> list[dict[str, Any]]:
-        """Failing rows grouped by (fingerprint, queue), from the covering
-        ``delayq_fingerprint_idx`` alone."""
+    def failure_groups(self, since: datetime | None = None) -> list[dict[str, Any]]:
+        """Failing rows grouped by (fingerprint, queue), from a covering index alone:
+        ``delayq_fingerprint_idx`` for all of them, ``delayq_failing_idx`` for
+        those whose last attempt was ``since`` or later."""
+        rows = self.failing()
+        if since is not None:
+            rows = rows.filter(last_attempt_time__gte=since)
         return list(
-            self.failing()
-            .values("error_fingerprint", "queue")
+            rows.values("error_fingerprint", "queue")
             .order_by()
             .annotate(
                 failed=Count("id", filter=Q(status=Status.FAILED)),

@@ -122,8 +122,9 @@ def test_dashboard_page_shows_the_chart_and_the_table(fake_clock, viewer):
 
 
 # The failed messages' count: one probe of the index per queue holding some,
-# one capped count each, and the probe that finds no more ("default" holds two).
-QUERIES = 16 + 8 + 2
+# one capped count each, and the probe that finds no more ("default" holds two);
+# the last hour's finished messages: two ranges of the finished index.
+QUERIES = 16 + 8 + 2 + 1
 
 
 def test_dashboard_queries_grow_with_the_queues_holding_failed_messages_not_the_rows(

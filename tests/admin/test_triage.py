@@ -6,8 +6,11 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from django_delayq import enqueue, triage
 from django_delayq.fingerprint import fingerprint
@@ -131,6 +134,51 @@ def test_failures_page_filters_by_queue(groups, viewer):
     [item] = response.context["groups"]
     assert item["group"].count == 1
     assert "queue=other" in item["links"]["all"]
+
+
+def test_failures_page_shows_the_last_day_by_default_and_the_window_asked_for(
+    groups, viewer, fake_clock
+):
+    now = fake_clock()
+    for i, hours in enumerate((3, 30, 24 * 6, 24 * 8)):
+        errored(PAYMENT.format(7, i), now, ago=60 * hours)
+
+    def payment(seen: str | None = None) -> tuple[str, dict]:
+        response = viewer.get(FAILURES, {} if seen is None else {"seen": seen})
+        assert response.status_code == 200
+        [item] = [
+            i for i in response.context["groups"] if i["group"].error_type == "app.PaymentError"
+        ]
+        return response.context["seen"], item
+
+    for seen, shown, expected in (
+        (None, "24h", 4),
+        ("1h", "1h", 3),
+        ("24h", "24h", 4),
+        ("7d", "7d", 6),
+        ("all", "all", 7),
+        ("nonsense", "24h", 4),
+    ):
+        window, item = payment(seen)
+        assert (window, item["group"].count) == (shown, expected), seen
+        # Each number links to the messages it counts: the window's.
+        listed = viewer.get(item["links"]["all"])
+        assert listed.context["cl"].result_count == expected, seen
+    # The group's actions act on the whole group, whatever the window.
+    assert "last_attempt_time" not in payment("1h")[1]["links"]["retry"]
+
+
+def test_failure_groups_of_a_window_read_the_failing_index_alone_on_postgresql(groups):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's plan")
+    with CaptureQueriesContext(connection) as captured:
+        triage.failure_groups(since=timezone.now() - timedelta(days=1))
+    grouping = captured.captured_queries[0]["sql"]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a handful of rows: the index
+        cursor.execute("EXPLAIN " + grouping)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Only Scan using delayq_failing_idx" in plan, plan
 
 
 def test_failures_page_without_failures(viewer):
