@@ -441,6 +441,8 @@ def hold(config: Config) -> None:
             key = f"held-{i}-{attempt}"
 
             def send(key: str = key, adv: str = adv) -> None:
+                if Sent.objects.filter(queue="adv-held", key=key).exists():
+                    return  # committed, its reply lost to a cut: once is enough
                 with transaction.atomic():
                     parent = enqueue(
                         "adv-held",
