@@ -866,9 +866,9 @@ class Run:
 
 def reset() -> None:
     from django_delayq.models import Dependency, Message, WorkerState
-    from tests.testapp.models import Effect, Execution, Operation, Raised, Sent
+    from tests.testapp.models import Effect, Execution, Operation, Raised, Sent, Shipment
 
-    empty((Dependency, Message, WorkerState, Execution, Effect, Sent, Operation, Raised))
+    empty((Dependency, Message, WorkerState, Execution, Effect, Sent, Operation, Raised, Shipment))
 
 
 # -- the invariants --------------------------------------------------------------
