@@ -38,13 +38,15 @@ class QueueStats:
     retrying: int
     #: Workflow steps waiting for their parents (``enqueue(..., after=)``).
     waiting: int
-    #: Failed messages still kept.
+    #: Failed messages still kept, counted up to ``FAILED_CAP``.
     failed: int
     #: Succeeded, and cancelled, in the last hour (``WINDOW_LONG``).
     succeeded: int
     cancelled: int
     oldest_due: datetime | None
     now: datetime
+    #: More failed messages are kept than ``failed``.
+    failed_more: bool = False
 
     @property
     def lag(self) -> timedelta:
@@ -66,12 +68,13 @@ def queue_stats(queues: list[str] | None = None, using: str | None = None) -> li
             retrying=f.retrying,
             waiting=f.waiting,
             failed=f.failed,
+            failed_more=f.failed_more,
             succeeded=f.succeeded_long,
             cancelled=f.cancelled_long,
             oldest_due=f.oldest_due,
             now=now,
         )
-        for f in _figures(rows, now)
+        for f in _figures(rows, now, failed_cap=FAILED_CAP)
     ]
 
 
@@ -88,7 +91,8 @@ def queue_stats(queues: list[str] | None = None, using: str | None = None) -> li
 
 WINDOW_SHORT = timedelta(minutes=5)
 WINDOW_LONG = timedelta(hours=1)
-#: The dashboard counts each queue's failed messages up to this many ("10,000+").
+#: The dashboard and ``delayq_status`` count each queue's failed messages up to
+#: this many ("10,000+"): a week of failures kept is hundreds of thousands.
 FAILED_CAP = 10_000
 
 

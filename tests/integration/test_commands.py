@@ -46,6 +46,17 @@ def test_status_prints_counts_and_lag(fake_clock):
     assert any(line.startswith("other") for line in lines)
 
 
+def test_status_counts_each_queues_failed_messages_up_to_the_cap(monkeypatch):
+    from django_delayq import stats
+    from tests.factories import MessageFactory
+
+    monkeypatch.setattr(stats, "FAILED_CAP", 3)
+    MessageFactory.create_batch(4, queue="many", status="failed", finished_at=timezone.now())
+    MessageFactory.create_batch(3, queue="few", status="failed", finished_at=timezone.now())
+    rows = {line.split()[0]: line.split() for line in run("delayq_status").splitlines()[2:]}
+    assert (rows["many"][6], rows["few"][6]) == ("3+", "3")
+
+
 def test_status_marks_queues_that_no_handler_consumes():
     enqueue("default", {})
     enqueue("nobody-reads-this", {})

@@ -141,7 +141,7 @@ class Command(BaseCommand):
                 s.running,
                 s.retrying,
                 s.waiting,
-                s.failed,
+                f"{s.failed}+" if s.failed_more else s.failed,
                 s.succeeded,
                 human(s.lag),
                 state(s.queue),
