@@ -642,6 +642,10 @@ class Run:
         self.rng = random.Random(config.seed)
         self.consumers: list[Consumer] = []
         self.retired: list[Consumer] = []
+        # Every other process of the run (producer, operators, holder): none may
+        # outlive a failed run and act on the next one's messages, whose keys
+        # are the same.
+        self.helpers: list[subprocess.Popen[bytes]] = []
         self.events: list[Event] = []
         self.crashes = 0
         self.exit_codes: list[int] = []
@@ -669,7 +673,7 @@ class Run:
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.workdir / f"{name}.log").open("wb") as log:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.chaos.adversaries", *args]
                 + ["--config", json.dumps(asdict(self.config))],
                 cwd=ROOT,
@@ -677,6 +681,8 @@ class Run:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        self.helpers.append(proc)
+        return proc
 
     def retire(self, consumer: Consumer) -> None:
         consumer.ended = now()
@@ -1355,7 +1361,11 @@ def run_adversaries(config: Config, env: dict[str, str], workdir: Path | None = 
     try:
         elapsed = run.execute()
     finally:
-        kill_leftovers(run.consumers + run.retired)
+        kill_leftovers(run.consumers + run.retired + [i for i, _ in run.impostors])
+        for helper in run.helpers:
+            if helper.poll() is None:
+                helper.kill()
+                helper.wait(timeout=60)
     table = check(run, elapsed)
     table.figures.append(("logs", str(workdir)))
     return table
